@@ -1,0 +1,46 @@
+"""`pagetrace lookup`: the two-level lookup for one token, down to the byte."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..blocks import parse_int_list
+from ..lookup import trace_token
+
+HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
+EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
+
+
+def lookup(
+    token: Annotated[int, typer.Option(help="Token position in the sequence (0-based).")] = 20,
+    table: Annotated[str, typer.Option(help="Block table: physical block of each logical block, comma-separated.")] = "7,2,15",
+    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    head_dim: Annotated[int, typer.Option(help="Elements per key/value vector.")] = 8,
+    kv_heads: Annotated[int, typer.Option(help="KV heads in the cache.")] = 1,
+    head: Annotated[int, typer.Option(help="Which KV head to address.")] = 0,
+    dtype: Annotated[str, typer.Option(help="Cache dtype: fp32, fp16, bf16 or fp8.")] = "fp32",
+    layout: Annotated[str, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm.")] = "blocks",
+    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool [default: largest table entry + 1].")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
+) -> None:
+    from ..cli import emit_json, stdout_console
+
+    trace = trace_token(
+        token,
+        parse_int_list(table, "--table"),
+        block_size=block_size,
+        head_dim=head_dim,
+        kv_heads=kv_heads,
+        head=head,
+        dtype=dtype,
+        layout=layout,
+        num_blocks=num_blocks,
+    )
+    if json_output:
+        emit_json(trace.to_json())
+        return
+    from ..render import render_lookup
+
+    stdout_console().print(render_lookup(trace))

@@ -1,0 +1,107 @@
+"""Build a seeded paged KV cache, queries and block tables from a `Plan`.
+
+Values are drawn in the worked example's order (key cache, value cache, query) from
+one seeded generator, in the canonical shape ``[num_blocks, block_size, kv_heads,
+head_dim]``, then laid out as asked. With one KV head this draws exactly what
+``torch.manual_seed(0); torch.randn(16, 16, 8)`` does. Every slot no sequence uses is
+filled with NaN, so a read outside a sequence poisons the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UsageError
+from .layouts import CacheGeometry, make_geometry
+from .plan import Plan, available_memory_bytes, cache_bytes, human_bytes
+from .reference import layout_cache
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Workload:
+    plan: Plan
+    geometry: CacheGeometry
+    num_heads: int
+    query: torch.Tensor  # [num_seqs, num_heads, head_dim]
+    key_cache: torch.Tensor  # laid out as geometry.layout's key axes
+    value_cache: torch.Tensor  # laid out as geometry.layout's value axes
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks], -1 where a table is shorter
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise UsageError("--dtype", dtype, f"the kernel runs on {', '.join(TORCH_DTYPES)} caches") from None
+
+
+def padded_block_tables(tables: list[list[int]], device: str | torch.device = "cpu") -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
+
+
+def check_memory(geom: CacheGeometry, device: torch.device, option: str, value: object) -> None:
+    """Refuse, before allocating, a cache that cannot fit where it is going."""
+    need = cache_bytes(geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim, geom.element_size)
+    # the draw happens in fp32 on the CPU, one cache at a time, before the cast and the copy
+    host_need = need // 2 * 4 // geom.element_size + (need if device.type == "cpu" else 0)
+    host_free = available_memory_bytes()
+    if host_free is not None and host_need > host_free:
+        raise UsageError(
+            option, value, f"the KV cache needs {human_bytes(need)} ({human_bytes(host_need)} while it is drawn); only {human_bytes(host_free)} of memory is available"
+        )
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > free:
+            raise UsageError(option, value, f"the KV cache needs {human_bytes(need)}; the GPU has {human_bytes(free)} free")
+
+
+def make_workload(
+    plan: Plan,
+    *,
+    num_heads: int = 1,
+    num_kv_heads: int = 1,
+    head_dim: int = 8,
+    dtype: str = "fp32",
+    layout: str = "blocks",
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    memory_option: tuple[str, object] = ("--tokens", None),
+) -> Workload:
+    geom = make_geometry(layout, plan.num_blocks, plan.block_size, num_kv_heads, head_dim, dtype)
+    if num_heads < 1 or num_heads % num_kv_heads:
+        raise UsageError("--heads", num_heads, f"must be a positive multiple of --kv-heads ({num_kv_heads})")
+    device = torch.device(device)
+    tdtype = torch_dtype(dtype)
+    check_memory(geom, device, *memory_option)
+
+    gen = torch.Generator().manual_seed(seed)
+    canonical_shape = (plan.num_blocks, plan.block_size, num_kv_heads, head_dim)
+    used = torch.zeros(plan.num_blocks * plan.block_size, dtype=torch.bool)
+    for table, n in zip(plan.tables, plan.seq_lens):
+        t = torch.arange(n)
+        used[torch.tensor(table)[t // plan.block_size] * plan.block_size + t % plan.block_size] = True
+    unused = ~used.view(plan.num_blocks, plan.block_size)
+
+    caches = []
+    for which in ("key", "value"):
+        canon = torch.randn(canonical_shape, generator=gen)
+        canon[unused] = float("nan")
+        caches.append(layout_cache(canon.to(tdtype), layout, which, geom.x).to(device))
+        del canon
+    query = torch.randn(len(plan.seq_lens), num_heads, head_dim, generator=gen).to(tdtype).to(device)
+    return Workload(
+        plan=plan,
+        geometry=geom,
+        num_heads=num_heads,
+        query=query,
+        key_cache=caches[0],
+        value_cache=caches[1],
+        block_tables=padded_block_tables(plan.tables, device),
+        seq_lens=torch.tensor(plan.seq_lens, dtype=torch.int32, device=device),
+    )
