@@ -49,14 +49,16 @@ def emit_json(document: Any) -> None:
 
 
 def _register() -> None:
-    from .commands import lookup
+    import importlib
 
-    app.command("lookup", help=lookup.HELP, epilog=lookup.EPILOG)(lookup.lookup)
-    try:
-        from .commands import run
-    except ImportError:  # pragma: no cover - only while a command module is missing
-        return
-    app.command("run", help=run.HELP, epilog=run.EPILOG)(run.run)
+    for name in ("lookup", "run", "diagram"):
+        try:
+            module = importlib.import_module(f".commands.{name}", __package__)
+        except ModuleNotFoundError as exc:  # a command still being written
+            if exc.name != f"{__package__}.commands.{name}":
+                raise
+            continue
+        app.command(name, help=module.HELP, epilog=module.EPILOG)(getattr(module, name))
 
 
 _register()

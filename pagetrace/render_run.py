@@ -1,0 +1,103 @@
+"""Rich rendering of `pagetrace run`: per-token tables, block coverage, the summary."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .report import Checks, SequenceReport, rows_to_show
+
+BAR_WIDTH = 10
+MAX_STYLE = "bold green"
+TOKEN_STYLE = "bold black on yellow"
+
+
+def weight_bar(weight: float, peak: float) -> Text:
+    cells = 0 if peak <= 0 else round(BAR_WIDTH * weight / peak)
+    return Text("█" * cells + "·" * (BAR_WIDTH - cells), style="cyan")
+
+
+def token_table(seq: SequenceReport, head_pos: int, head: int, limit: int | None, highlight: int | None, num_heads: int) -> Table:
+    weights = [row.weights[head_pos] for row in seq.rows]
+    summary = seq.heads[head]
+    title = f"sequence {seq.index}: {seq.seq_len} tokens" + (f", query head {head}" if num_heads > 1 else "")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("token", "logical", "offset", "physical", "slot", "part", "score", "weight"):
+        table.add_column(name, justify="right")
+    table.add_column("")
+    table.add_column("")
+    shown = rows_to_show(seq.seq_len, weights, limit)
+    previous = -1
+    for t in shown:
+        if t != previous + 1:
+            table.add_row(Text(f"··· {t - previous - 1} rows hidden ···", style="dim"), *[""] * 9)
+        row = seq.rows[t]
+        style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else None
+        table.add_row(
+            str(t), str(row.logical_block), str(row.offset), str(row.physical_block), str(row.slot), str(row.partition),
+            f"{row.scores[head_pos]:.4f}", f"{row.weights[head_pos]:.4f}", weight_bar(row.weights[head_pos], summary.max_weight),
+            "◀ traced" if t == highlight else "◀ max" if t == summary.argmax else "",
+            style=style,
+        )
+        previous = t
+    if previous != seq.seq_len - 1:
+        table.add_row(Text(f"··· {seq.seq_len - 1 - previous} rows hidden ···", style="dim"), *[""] * 9)
+    return table
+
+
+def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int]) -> Table:
+    table = Table(title="block coverage", title_justify="left", box=None, padding=(0, 1), show_header=False)
+    table.add_column()
+    table.add_column(justify="right")
+    for span, mass in zip(seq.spans, seq.block_mass):
+        note = ""
+        if span.physical_block in shared:
+            note += f"  [magenta]shared by {shared[span.physical_block]} sequences[/]"
+        if span.physical_block in repeated:
+            note += "  [bold red]mapped twice in this sequence![/]"
+        fill = f" ({span.used} of {block_size} slots used)" if span.used < block_size else ""
+        table.add_row(
+            Text.from_markup(
+                f"logical block {span.logical_block} -> physical block {span.physical_block}: "
+                f"tokens {span.first_token} to {span.last_token}{fill}{note}"
+            ),
+            f"attention {mass:.4f}",
+        )
+    return table
+
+
+def summary_table(lines: list[tuple[str, str]]) -> Table:
+    table = Table(title="summary", title_justify="left", box=None, padding=(0, 1), show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in lines:
+        table.add_row(key, Text.from_markup(value))
+    return table
+
+
+def check_line(checks: Checks) -> str:
+    verdict = "[bold green]equal[/]" if checks.passed else "[bold red]NOT equal[/]"
+    return f"max |paged - contiguous| = {checks.max_abs_diff:.3g} (tolerance {checks.tolerance:g} × (1 + |x|)): {verdict}"
+
+
+def render_run(
+    header: str,
+    block_size: int,
+    sequences: list[SequenceReport],
+    shown_heads: list[int],
+    num_heads: int,
+    limit: int | None,
+    highlight: tuple[int, int] | None,
+    shared: dict[int, int],
+    repeated: list[set[int]],
+    summary: list[tuple[str, str]],
+) -> Group:
+    parts: list = [Text.from_markup(header)]
+    for seq in sequences:
+        token = highlight[1] if highlight and highlight[0] == seq.index else None
+        for pos, head in enumerate(shown_heads):
+            parts.append(token_table(seq, pos, head, limit, token, num_heads))
+        parts.append(coverage_table(seq, block_size, shared, repeated[seq.index]))
+    parts.append(summary_table(summary))
+    return Group(*parts)
