@@ -2,47 +2,53 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from .report import Checks, SequenceReport, rows_to_show
 
-BAR_WIDTH = 10
+BAR_WIDTH = 8
 MAX_STYLE = "bold green"
 TOKEN_STYLE = "bold black on yellow"
 
 
-def weight_bar(weight: float, peak: float) -> Text:
+def weight_bar(weight: float, peak: float, note: str = "") -> Text:
     cells = 0 if peak <= 0 else round(BAR_WIDTH * weight / peak)
-    return Text("█" * cells + "·" * (BAR_WIDTH - cells), style="cyan")
+    bar = Text("█" * cells + "·" * (BAR_WIDTH - cells), style="cyan")
+    if note:
+        bar.append(f" ◀ {note}", style="bold")
+    return bar
+
+
+def hidden_rows(count: int) -> list:
+    return ["⋮", *[""] * 7, Text(f"{count} rows hidden", style="dim")]
 
 
 def token_table(seq: SequenceReport, head_pos: int, head: int, limit: int | None, highlight: int | None, num_heads: int) -> Table:
     weights = [row.weights[head_pos] for row in seq.rows]
     summary = seq.heads[head]
     title = f"sequence {seq.index}: {seq.seq_len} tokens" + (f", query head {head}" if num_heads > 1 else "")
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
     for name in ("token", "logical", "offset", "physical", "slot", "part", "score", "weight"):
-        table.add_column(name, justify="right")
-    table.add_column("")
-    table.add_column("")
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
     shown = rows_to_show(seq.seq_len, weights, limit)
     previous = -1
     for t in shown:
         if t != previous + 1:
-            table.add_row(Text(f"··· {t - previous - 1} rows hidden ···", style="dim"), *[""] * 9)
+            table.add_row(*hidden_rows(t - previous - 1))
         row = seq.rows[t]
         style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else None
         table.add_row(
             str(t), str(row.logical_block), str(row.offset), str(row.physical_block), str(row.slot), str(row.partition),
-            f"{row.scores[head_pos]:.4f}", f"{row.weights[head_pos]:.4f}", weight_bar(row.weights[head_pos], summary.max_weight),
-            "◀ traced" if t == highlight else "◀ max" if t == summary.argmax else "",
+            f"{row.scores[head_pos]:.4f}", f"{row.weights[head_pos]:.4f}", weight_bar(row.weights[head_pos], summary.max_weight, "traced" if t == highlight else "max" if t == summary.argmax else ""),
             style=style,
         )
         previous = t
     if previous != seq.seq_len - 1:
-        table.add_row(Text(f"··· {seq.seq_len - 1 - previous} rows hidden ···", style="dim"), *[""] * 9)
+        table.add_row(*hidden_rows(seq.seq_len - 1 - previous))
     return table
 
 

@@ -1,0 +1,142 @@
+"""The Triton kernel (interpreted here, compiled on a GPU) against plain torch attention.
+
+Tables are scrambled over a pool three times larger than needed and every slot no
+sequence uses is NaN, so any read outside a sequence's own blocks poisons the output.
+"""
+
+import itertools
+import random
+
+import pytest
+import torch
+from conftest import DEVICE, KERNEL_BACKEND
+
+from pagetrace import paged_attention
+from pagetrace.blocks import blocks_needed, slot_mapping
+from pagetrace.plan import plan_tables
+from pagetrace.reference import reference_attention
+from pagetrace.report import TOLERANCES
+from pagetrace.workload import make_workload
+
+BLOCK_SIZES = [1, 3, 16, 24, 32]
+HEAD_DIMS = [8, 64, 80, 128]
+HEADS = [(1, 1), (4, 4), (8, 2), (32, 8), (6, 1)]
+LAYOUTS = ["blocks", "nhd", "hnd", "vllm"]
+DTYPES = ["fp32", "fp16", "bf16"]
+
+
+def cases():
+    """A covering grid: every layout x dtype pair, cycling the other axes so each value
+    of each appears several times (the full product would take hours interpreted)."""
+    out = []
+    for i, (layout, dtype) in enumerate(itertools.product(LAYOUTS, DTYPES)):
+        for j in range(3):
+            k = 3 * i + j
+            heads = HEADS[k % len(HEADS)]
+            if layout == "blocks":
+                heads = (1, 1) if k % 2 else (6, 1)
+            out.append((layout, dtype, BLOCK_SIZES[k % len(BLOCK_SIZES)], HEAD_DIMS[(k // 2 + j) % len(HEAD_DIMS)], heads))
+    return out
+
+
+def scrambled_plan(seq_lens, block_size, seed):
+    needed = [blocks_needed(n, block_size) for n in seq_lens]
+    pool = 3 * sum(needed)
+    blocks = list(range(pool))
+    random.Random(seed).shuffle(blocks)
+    tables, start = [], 0
+    for n in needed:
+        tables.append(blocks[start : start + n])
+        start += n
+    return plan_tables(seq_lens, tables, block_size, pool)
+
+
+def run_case(layout, dtype, block_size, head_dim, heads, kv_heads, seq_lens, partition_size, block_n=16, seed=0):
+    plan = scrambled_plan(seq_lens, block_size, seed)
+    work = make_workload(plan, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout, seed=seed, device=DEVICE)
+    scale = head_dim**-0.5
+    out, trace = paged_attention(
+        work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens,
+        layout=layout, trace=True, backend=KERNEL_BACKEND, partition_size=partition_size, block_n=block_n,
+    )
+    ref = reference_attention(
+        work.query, work.key_cache, work.value_cache, plan.tables, seq_lens,
+        layout=layout, block_size=block_size, scale=scale, compute_dtype=torch.float64,
+    )
+    tol = TOLERANCES[dtype]
+    assert out.dtype == work.query.dtype and out.shape == work.query.shape
+    torch.testing.assert_close(out.double().cpu(), ref.output.cpu(), atol=tol, rtol=tol)
+    torch.testing.assert_close(trace.lse.double().cpu(), ref.lse.cpu(), atol=tol, rtol=tol)
+    for s, n in enumerate(seq_lens):
+        assert trace.slots[s, :n].tolist() == slot_mapping(n, plan.tables[s], block_size)
+        assert (trace.slots[s, n:] == -1).all()
+        assert trace.partitions[s, :n].tolist() == [t // partition_size for t in range(n)]
+        torch.testing.assert_close(trace.logits[s, :, :n].double().cpu(), ref.logits[s].cpu(), atol=tol * 10, rtol=tol)
+        assert torch.isnan(trace.logits[s, :, n:]).all()
+        torch.testing.assert_close(trace.weights[s, :, :n].sum(-1).double().cpu(), torch.ones(heads, dtype=torch.float64), atol=1e-4, rtol=0)
+    return out, trace
+
+
+@pytest.mark.parametrize("layout, dtype, block_size, head_dim, heads", cases())
+def test_kernel_matches_contiguous_attention(layout, dtype, block_size, head_dim, heads):
+    # lengths: one token, exactly one block, not a multiple of the block size, several partitions
+    seq_lens = [1, block_size, 2 * block_size + 1, 70]
+    run_case(layout, dtype, block_size, head_dim, heads[0], heads[1], seq_lens, partition_size=32)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_worked_example_numbers(layout):
+    plan = plan_tables([38], None, 16)
+    work = make_workload(plan, layout=layout, device=DEVICE)
+    out, trace = paged_attention(
+        work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens, layout=layout, trace=True, backend=KERNEL_BACKEND
+    )
+    weights = trace.weights[0, 0, :38]
+    assert round(float(weights.max()), 4) == 0.1318 and int(weights.argmax()) == 9
+    assert round(float(out.float().norm()), 4) == 0.7807
+
+
+def test_many_partitions_merge():
+    """A sequence cut into 9 partitions of 16 tokens each, beside a short one."""
+    run_case("nhd", "fp32", 16, 64, 8, 2, [140, 5], partition_size=16)
+
+
+def test_nan_outside_the_sequence_would_show():
+    """Sanity check of the harness: a table pointing at a free (NaN) block poisons the output."""
+    plan = plan_tables([20], [[0, 1, 2, 3, 4]], 4, num_blocks=8)
+    work = make_workload(plan, layout="nhd", device=DEVICE)
+    work.block_tables[0, 1] = 6  # block 6 is unused, hence NaN
+    out = paged_attention(work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens, layout="nhd", backend=KERNEL_BACKEND)
+    assert torch.isnan(out).all()
+
+
+def test_noncontiguous_cache_views_are_read_through_their_strides():
+    plan = scrambled_plan([50, 9], 8, seed=1)
+    work = make_workload(plan, num_heads=4, num_kv_heads=2, head_dim=32, layout="nhd", device=DEVICE)
+    # a view with a padded head_dim: strides are not those of a contiguous tensor
+    wide_k = torch.full((*work.key_cache.shape[:3], 48), float("nan"), device=DEVICE)
+    wide_v = wide_k.clone()
+    wide_k[..., :32] = work.key_cache
+    wide_v[..., :32] = work.value_cache
+    args = (work.query, wide_k[..., :32], wide_v[..., :32], work.block_tables, work.seq_lens)
+    out = paged_attention(*args, layout="nhd", backend=KERNEL_BACKEND)
+    ref = paged_attention(*args, layout="nhd", backend="torch")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_backend_and_trace():
+    plan = scrambled_plan([33, 7], 4, seed=2)
+    work = make_workload(plan, num_heads=4, num_kv_heads=1, head_dim=16, layout="hnd")
+    out, trace = paged_attention(work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens, layout="hnd", trace=True, backend="torch")
+    assert trace.backend == "torch"
+    assert trace.slots[0, :33].tolist() == slot_mapping(33, plan.tables[0], 4)
+    ref = reference_attention(work.query, work.key_cache, work.value_cache, plan.tables, [33, 7], layout="hnd", block_size=4, scale=0.25, compute_dtype=torch.float64)
+    torch.testing.assert_close(out.double(), ref.output, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_backend_picks_by_work():
+    from pagetrace.attention import resolve_backend
+
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu, [38], 1) == "interpret"
+    assert resolve_backend("auto", cpu, [131072], 8) == "torch"
