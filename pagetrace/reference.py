@@ -83,13 +83,12 @@ def reference_attention(
     for s in range(num_seqs):
         k = gather(key_cache, layout, "key", tables[s], seq_lens[s], block_size).to(compute_dtype)
         v = gather(value_cache, layout, "value", tables[s], seq_lens[s], block_size).to(compute_dtype)
-        group = num_heads // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)  # [seq_len, num_heads, head_dim]
-        v = v.repeat_interleave(group, dim=1)
-        q = query[s].to(compute_dtype)  # [num_heads, head_dim]
-        logits = torch.einsum("hd,thd->ht", q, k) * scale
+        num_kv_heads = k.shape[1]
+        q = query[s].to(compute_dtype).view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads sharing a KV head
+        logits = torch.einsum("kgd,tkd->kgt", q, k).reshape(num_heads, -1) * scale  # [num_heads, seq_len]
         weights = torch.softmax(logits, dim=-1)
-        outputs.append(torch.einsum("ht,thd->hd", weights, v))
+        out = torch.einsum("kgt,tkd->kgd", weights.view(num_kv_heads, -1, k.shape[0]), v).reshape(num_heads, head_dim)
+        outputs.append(out)
         all_logits.append(logits)
         all_weights.append(weights)
         lses.append(torch.logsumexp(logits, dim=-1))
