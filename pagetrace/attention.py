@@ -26,9 +26,11 @@ from .reference import reference_attention, slots_of
 
 BACKENDS = ("auto", "triton", "interpret", "torch")
 
-# Interpreter cost model, from bench/bench_run.py on the 2-core CI machine: each loop
-# iteration of a program costs about INTERPRET_ITERATION_S whatever the tile holds.
-INTERPRET_ITERATION_S = 0.006
+# Interpreter cost model, fitted to bench/bench_run.py on the 2-core CI machine (see
+# bench/README.md): a loop iteration of the partition kernel costs about 3.5 ms whatever
+# its tile holds, and each program (partition or reduce) about 5 ms on top.
+INTERPRET_ITERATION_S = 0.0035
+INTERPRET_PROGRAM_S = 0.005
 INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
 INTERPRET_PARTITION = 4096
@@ -53,19 +55,21 @@ def load_kernel(interpret: bool):
     return kernel
 
 
-def interpret_cost_s(seq_lens: list[int], num_kv_heads: int, block_n: int = INTERPRET_BLOCK_N) -> float:
-    """Rough seconds the interpreter needs: one program per (sequence, KV head), loop over tiles."""
-    iterations = sum(-(-n // block_n) + 1 for n in seq_lens) * num_kv_heads
-    return iterations * INTERPRET_ITERATION_S
+def interpret_cost_s(seq_lens: list[int], num_heads: int, num_kv_heads: int, block_n: int = INTERPRET_BLOCK_N) -> float:
+    """Rough seconds the interpreter needs: a program per (sequence, KV head, partition)
+    looping over token tiles, then a reduce program per (sequence, query head)."""
+    iterations = sum(-(-n // block_n) for n in seq_lens) * num_kv_heads
+    programs = sum(-(-n // INTERPRET_PARTITION) for n in seq_lens) * num_kv_heads + len(seq_lens) * num_heads
+    return iterations * INTERPRET_ITERATION_S + programs * INTERPRET_PROGRAM_S
 
 
-def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num_kv_heads: int) -> str:
+def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num_heads: int, num_kv_heads: int) -> str:
     if backend not in BACKENDS:
         raise UsageError("--backend", backend, f"choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         if device.type == "cuda":
             return "triton"
-        if interpret_cost_s(seq_lens, num_kv_heads) <= INTERPRET_BUDGET_S:
+        if interpret_cost_s(seq_lens, num_heads, num_kv_heads) <= INTERPRET_BUDGET_S:
             return "interpret"
         return "torch"
     if backend == "triton" and device.type != "cuda":
@@ -139,7 +143,7 @@ def paged_attention(
         raise UsageError("seq_lens", lens, "every sequence needs at least one token")
     lay = get_layout(layout)
     num_kv_heads = dict(zip(lay.key_axes, key_cache.shape)).get("head", 1)
-    chosen = resolve_backend(backend, query.device, lens, num_kv_heads)
+    chosen = resolve_backend(backend, query.device, lens, query.shape[1], num_kv_heads)
     if chosen == "torch":
         return _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace)
 

@@ -47,7 +47,7 @@ class SequenceReport:
     spans: list[BlockSpan]
     heads: list[HeadSummary]
     rows: list[Row]
-    block_mass: list[float]  # attention mass per logical block, mean over the shown heads
+    block_mass: list[float]  # attention mass per logical block, mean over all query heads
 
 
 @dataclass
@@ -108,7 +108,7 @@ def build_report(plan: Plan, trace, output: torch.Tensor, shown_heads: list[int]
             for t in range(n)
         ]
         spans = coverage(n, table, bs)
-        per_token = weights[s, shown_heads, :n].mean(dim=0)
+        per_token = weights[s, :, :n].mean(dim=0)
         mass = [float(per_token[span.first_token : span.last_token + 1].sum()) for span in spans]
         reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass))
     return reports

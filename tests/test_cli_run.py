@@ -103,3 +103,21 @@ def test_run_bad_input_is_one_line_exit_2(capsys, args, option):
 def test_memory_refusal_says_how_much(capsys):
     _, _, err = cli(capsys, "run", "--tokens", "2000000", "--num-blocks", "9000000", "--head-dim", "4096", "--backend", "torch")
     assert "needs" in err and "TiB" in err
+
+
+def test_run_draws_the_mapping_with_attention_mass(capsys, tmp_path):
+    svg = tmp_path / "run.svg"
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--svg", str(svg), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["diagrams"] == [str(svg)]
+    text = svg.read_text()
+    masses = [round(100 * c["attention_mass"], 1) for c in doc["sequences"][0]["coverage"]]
+    for mass in masses:  # each logical block's share, as the kernel's weights give it
+        assert f"attn {mass:.1f}%" in text
+    assert "tokens 32&#45;37 (6/16)" in text  # Graphviz escapes the hyphen
+
+
+def test_run_prints_the_terminal_mapping(capsys):
+    code, out, _ = cli(capsys, "run", "--tokens", "38")
+    assert code == 0 and "pool · 16 blocks · 3 used · 13 free" in out and "34.2%" in out

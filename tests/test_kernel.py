@@ -138,5 +138,7 @@ def test_auto_backend_picks_by_work():
     from pagetrace.attention import resolve_backend
 
     cpu = torch.device("cpu")
-    assert resolve_backend("auto", cpu, [38], 1) == "interpret"
-    assert resolve_backend("auto", cpu, [131072], 8) == "torch"
+    assert resolve_backend("auto", cpu, [38], 1, 1) == "interpret"
+    assert resolve_backend("auto", cpu, [20000], 1, 1) == "interpret"
+    assert resolve_backend("auto", cpu, [4096], 32, 8) == "torch"
+    assert resolve_backend("auto", cpu, [131072], 32, 8) == "torch"

@@ -6,11 +6,29 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import parse_int_list
-from ..lookup import trace_token
+from ..blocks import capacity, parse_int_list
+from ..diagram import MappingView, SequenceMap
+from ..lookup import TokenTrace, trace_token
+from .diagram import DotOption, PngOption, SvgOption, save_diagrams
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
+
+
+def mapping_view(trace: TokenTrace) -> MappingView:
+    """The block mapping `lookup` draws: one sequence, the traced token highlighted.
+
+    `lookup` is given a block table, not a sequence length, so the sequence is drawn at
+    the table's full capacity (every block full): the table's blocks, the arrows and the
+    traced path are exact, and no fill is invented. `run` knows the lengths and draws them.
+    """
+    g = trace.geometry
+    return MappingView(
+        block_size=g.block_size,
+        num_blocks=g.num_blocks,
+        sequences=[SequenceMap("seq 0", capacity(trace.table, g.block_size), list(trace.table))],
+        highlight=(0, trace.location.token),
+    )
 
 
 def lookup(
@@ -22,7 +40,10 @@ def lookup(
     head: Annotated[int, typer.Option(help="Which KV head to address.")] = 0,
     dtype: Annotated[str, typer.Option(help="Cache dtype: fp32, fp16, bf16 or fp8.")] = "fp32",
     layout: Annotated[str, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm.")] = "blocks",
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool [default: largest table entry + 1].")] = None,
+    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1).")] = None,
+    svg: SvgOption = None,
+    png: PngOption = None,
+    dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stdout_console
@@ -38,9 +59,19 @@ def lookup(
         layout=layout,
         num_blocks=num_blocks,
     )
+    view = mapping_view(trace)
+    saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     if json_output:
-        emit_json(trace.to_json())
+        document = trace.to_json()
+        if saved is not None:
+            document["diagrams"] = saved["written"]
+        emit_json(document)
         return
     from ..render import render_lookup
 
-    stdout_console().print(render_lookup(trace))
+    console = stdout_console()
+    console.print(render_lookup(trace))
+    if saved is None:
+        from ..diagram import terminal_mapping
+
+        console.print(terminal_mapping(view))

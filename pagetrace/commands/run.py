@@ -9,6 +9,7 @@ import typer
 
 from ..blocks import parse_int_list
 from ..errors import RuntimeFailure, UsageError
+from .diagram import DotOption, PngOption, SvgOption, save_diagrams
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -62,17 +63,20 @@ def run(
     head_dim: Annotated[int, typer.Option(help="Elements per head vector.")] = 8,
     heads: Annotated[int, typer.Option(help="Query heads.")] = 1,
     kv_heads: Annotated[int, typer.Option(help="KV heads (heads must be a multiple: GQA, MQA).")] = 1,
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool [default: 16, grown as the tokens need].")] = None,
+    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: 16, grown as the tokens need).")] = None,
     dtype: Annotated[str, typer.Option(help="Cache and query dtype: fp32, fp16 or bf16.")] = "fp32",
-    layout: Annotated[str | None, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm [default: blocks for one KV head, else nhd].")] = None,
+    layout: Annotated[str | None, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm (default: blocks for one KV head, else nhd).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the cache, the query and the drawn block tables.")] = 0,
-    scale: Annotated[float | None, typer.Option(help="Score scale [default: 1/sqrt(head_dim)].")] = None,
-    token: Annotated[int | None, typer.Option(help="Highlight this token and print its lookup [default: 20, as in the worked example, when sequence 0 has it].")] = None,
+    scale: Annotated[float | None, typer.Option(help="Score scale (default: 1/sqrt(head_dim)).")] = None,
+    token: Annotated[int | None, typer.Option(help="Highlight this token and print its lookup (default: 20, as in the worked example, when sequence 0 has it).")] = None,
     seq: Annotated[int, typer.Option(help="The sequence --token belongs to.")] = 0,
     rows: Annotated[str, typer.Option(help="Rows per table: a number, or 'all'. Long sequences show the first, the last and the heaviest rows.")] = str(DEFAULT_ROWS),
-    show_heads: Annotated[str | None, typer.Option(help="Query heads to tabulate, comma-separated, or 'all' [default: all up to 4 heads, else head 0].")] = None,
+    show_heads: Annotated[str | None, typer.Option(help="Query heads to tabulate, comma-separated, or 'all' (default: all up to 4 heads, else head 0).")] = None,
     backend: Annotated[str, typer.Option(help="auto, triton (compiled, CUDA), interpret (Triton's interpreter, CPU) or torch.")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    svg: SvgOption = None,
+    png: PngOption = None,
+    dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
@@ -111,7 +115,7 @@ def run(
     from ..workload import make_workload
 
     dev = pick_device(device)
-    chosen = resolve_backend(backend, dev, seq_lens, kv_heads)
+    chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads)
     memory_option = ("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens)
     work = make_workload(
         plan, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout,
@@ -152,8 +156,20 @@ def run(
         "num_blocks": plan.num_blocks, "dtype": dtype, "layout": layout, "seed": seed, "scale": scale_value,
         "device": str(dev), "backend": chosen, "partition_size": trace.partition_size,
     }
+    from ..diagram import MappingView, SequenceMap
+
+    view = MappingView(
+        block_size=block_size,
+        num_blocks=plan.num_blocks,
+        sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass) for r in reports],
+        highlight=(seq, token) if token is not None else None,
+    )
+    saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     if json_output:
-        emit_json(run_json(config, reports, shown_heads, plan, checks, token, seq, key_norm, elapsed))
+        document = run_json(config, reports, shown_heads, plan, checks, token, seq, key_norm, elapsed)
+        if saved is not None:
+            document["diagrams"] = saved["written"]
+        emit_json(document)
     else:
         from ..render_run import check_line, render_run
 
@@ -176,6 +192,10 @@ def run(
             ("backend", f"{chosen} ({names[chosen]}) on {dev}, {elapsed * 1000:.1f} ms, partitions of {trace.partition_size} tokens"),
         ]
         out.print(render_run(header, block_size, reports, shown_heads, heads, limit, (seq, token) if token is not None else None, plan.shared, repeated, summary))
+        if saved is None:
+            from ..diagram import terminal_mapping
+
+            out.print(terminal_mapping(view))
         if token is not None:
             from ..lookup import trace_token
             from ..render import render_lookup

@@ -1,0 +1,72 @@
+"""Time the block-mapping diagram on the big case: a 4,096-block pool, 8 sequences of
+32,768 tokens (2,048 blocks of 16 each), one token traced.
+
+8 x 2,048 = 16,384 logical blocks do not fit in 4,096 physical ones unless sequences
+share: all 8 share a 1,792-block prefix and own 256 blocks each (3,840 used, 256 free).
+Two allocations: "contiguous" (each sequence's own blocks in one run) and "fragmented"
+(own blocks drawn at random, the worst case for collapsing runs).
+
+    python bench/bench_diagram.py [--repeats 3]
+
+Prints the median seconds of each step: the cells, the DOT source, SVG and PNG renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from pagetrace.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render
+
+NUM_BLOCKS, BLOCK_SIZE, NUM_SEQS, SEQ_LEN, PREFIX_BLOCKS = 4096, 16, 8, 32768, 1792
+
+
+def big_case(fragmented: bool, seed: int = 0) -> MappingView:
+    blocks_per_seq = SEQ_LEN // BLOCK_SIZE
+    own = list(range(PREFIX_BLOCKS, NUM_BLOCKS))
+    if fragmented:
+        random.Random(seed).shuffle(own)
+    prefix = list(range(PREFIX_BLOCKS))
+    step = blocks_per_seq - PREFIX_BLOCKS
+    tables = [prefix + own[s * step : (s + 1) * step] for s in range(NUM_SEQS)]
+    return MappingView(
+        BLOCK_SIZE, NUM_BLOCKS, [SequenceMap(f"seq {s}", SEQ_LEN, t) for s, t in enumerate(tables)], highlight=(3, 30000)
+    )
+
+
+def median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    engine = find_engine()
+    if engine is None:
+        raise SystemExit("no Graphviz engine: pip install graphviz-pure")
+    print(f"engine: {engine[0]} ({engine[1]}); median of {args.repeats}")
+    print(f"{'allocation':<12} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
+    for fragmented in (False, True):
+        view = big_case(fragmented)
+        cells = layout_cells(view)
+        source = dot_source(view)
+        t_layout = median_seconds(lambda: layout_cells(view), args.repeats)
+        t_dot = median_seconds(lambda: dot_source(view), args.repeats)
+        t_svg = median_seconds(lambda: render(source, "svg", engine), args.repeats)
+        t_png = median_seconds(lambda: render(source, "png", engine), args.repeats)
+        t_total = median_seconds(lambda: render(dot_source(view), "svg", engine), args.repeats)
+        name = "fragmented" if fragmented else "contiguous"
+        n_cells = cells.logical_cells + len(cells.pool)
+        print(f"{name:<12} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}")
+
+
+if __name__ == "__main__":
+    main()

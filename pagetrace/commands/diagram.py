@@ -1,0 +1,104 @@
+"""`pagetrace diagram`: draw block tables (SVG, PNG, DOT or the terminal) without running a kernel.
+
+The file options and `save_diagrams` are shared with `lookup` and `run`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..blocks import parse_int_list
+from ..diagram import MappingView, SequenceMap
+
+HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
+EPILOG = "Example: pagetrace diagram --tokens 38 --table 7,2,15 --token 20 --svg mapping.svg --png mapping.png"
+
+SvgOption = Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the block-mapping diagram as SVG.")]
+PngOption = Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the block-mapping diagram as PNG.")]
+DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Write the diagram's Graphviz DOT source.")]
+
+
+def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str | None, quiet: bool = False) -> dict | None:
+    """Write the requested files; None when none was requested.
+
+    Returns {"written": [paths], "engine": {"name", "path"} or None (DOT only)}, and says
+    on stderr what it wrote unless `quiet`.
+    """
+    if svg is None and png is None and dot is None:
+        return None
+    from ..cli import stderr_console
+    from ..diagram import find_engine, write_diagrams
+
+    engine = find_engine() if (svg is not None or png is not None) else None
+    written = write_diagrams(view, svg=svg, png=png, dot=dot, engine=engine)
+    if not quiet:
+        by = f" (rendered by {engine[0]})" if engine else ""
+        for path in written:
+            stderr_console().print(f"wrote {path}{by if path != dot else ''}", markup=False)
+    return {"written": written, "engine": None if engine is None else {"name": engine[0], "path": engine[1]}}
+
+
+def diagram(
+    tokens: Annotated[str, typer.Option(help="Sequence lengths, comma-separated: one per sequence.")] = "38",
+    table: Annotated[
+        list[str] | None,
+        typer.Option(help="Block table of one sequence, comma-separated; repeat once per sequence. Default: planned, the first being the worked example's 7,2,15."),
+    ] = None,
+    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool. Default: from the plan.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the planned tables' block draw.")] = 0,
+    token: Annotated[int | None, typer.Option(help="Trace this token (of --seq): its block, arrow, physical block and slot.")] = None,
+    seq: Annotated[int, typer.Option(help="The sequence of --token (0-based).")] = 0,
+    slots: Annotated[bool | None, typer.Option("--slots/--no-slots", help="Draw each block's slots. Default: for small blocks in a small pool.")] = None,
+    svg: SvgOption = None,
+    png: PngOption = None,
+    dot: DotOption = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
+) -> None:
+    from ..cli import emit_json, stderr_console, stdout_console
+    from ..diagram import layout_cells, terminal_mapping
+    from ..errors import UsageError
+    from ..plan import plan_tables
+
+    seq_lens = parse_int_list(tokens, "--tokens")
+    tables = None if not table else [parse_int_list(t, "--table") for t in table]
+    if token is None and seq != 0:
+        raise UsageError("--seq", seq, "picks the sequence of --token; give --token too")
+    plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
+    for warning in plan.warnings:
+        stderr_console().print(f"warning: {warning}", markup=False)
+    view = MappingView(
+        block_size=plan.block_size,
+        num_blocks=plan.num_blocks,
+        sequences=[SequenceMap(f"seq {s}", n, t) for s, (n, t) in enumerate(zip(plan.seq_lens, plan.tables))],
+        highlight=None if token is None else (seq, token),
+        show_slots=slots,
+    )
+    cells = layout_cells(view)  # validates --token/--seq before anything is written
+    saved = save_diagrams(view, svg, png, dot, quiet=json_output)
+    if json_output:
+        emit_json(
+            {
+                "written": saved["written"] if saved else [],
+                "engine": saved["engine"] if saved else None,
+                "block_size": plan.block_size,
+                "num_blocks": plan.num_blocks,
+                "tables": plan.tables,
+                "seq_lens": plan.seq_lens,
+                "highlight": None if cells.traced is None else {
+                    "seq": cells.traced.seq,
+                    "token": cells.traced.token,
+                    "logical_block": cells.traced.logical,
+                    "physical_block": cells.traced.physical,
+                    "offset": cells.traced.offset,
+                },
+                "nodes": {"logical_cells": cells.logical_cells, "pool_cells": len(cells.pool)},
+                "edges": len(cells.edges),
+                "slots": cells.slots,
+            }
+        )
+        return
+    if saved is None:
+        stdout_console().print(terminal_mapping(view))

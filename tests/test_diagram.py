@@ -1,0 +1,504 @@
+"""Block-mapping diagrams: the cells a table implies, the DOT, the SVG graphviz-pure renders,
+atomic files, the CLI's errors, and the committed examples."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagetrace import diagram as dg
+from pagetrace.cli import run_cli
+from pagetrace.diagram import MappingView, SequenceMap
+from pagetrace.errors import RuntimeFailure, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+SVG_NS = "{http://www.w3.org/2000/svg}"
+XLINK_TITLE = "{http://www.w3.org/1999/xlink}title"
+
+
+def worked_view(**kw) -> MappingView:
+    return MappingView(16, 16, [SequenceMap("seq 0", 38, [7, 2, 15])], highlight=(0, 20), **kw)
+
+
+def shared_view() -> MappingView:
+    # blocks 3 and 9 are a prompt all three sequences share; block 5 is shared by two
+    return MappingView(
+        16, 24,
+        [SequenceMap("seq 0", 40, [3, 9, 1]), SequenceMap("seq 1", 48, [3, 9, 5]), SequenceMap("seq 2", 50, [3, 9, 5, 12])],
+        highlight=(1, 20),
+    )
+
+
+def big_view(shuffled: bool = True) -> MappingView:
+    """The bench's big case: 4,096 blocks, 8 sequences of 32,768 tokens sharing a 1,792-block prefix."""
+    return load_script("bench", "bench_diagram").big_case(fragmented=shuffled)
+
+
+def load_script(folder: str, name: str):
+    spec = importlib.util.spec_from_file_location(f"{folder}_{name}", ROOT / folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def engine():
+    found = dg.graphviz_pure_engine()
+    assert found is not None, "graphviz-pure (a dependency of pagetrace) is not installed in this environment"
+    return found
+
+
+class Svg:
+    """A rendered SVG, parsed: Graphviz nodes, edges and HTML-label cells by id."""
+
+    def __init__(self, data: bytes):
+        self.root = ET.fromstring(data)
+        self.by_id = {g.get("id"): g for g in self.root.iter(f"{SVG_NS}g") if g.get("id")}
+
+    def ids(self, cls: str) -> set[str]:
+        return {g.get("id") for g in self.root.iter(f"{SVG_NS}g") if cls in (g.get("class") or "").split()}
+
+    def cell(self, cell_id: str) -> ET.Element:
+        return self.by_id[f"a_{cell_id}"]
+
+    def texts(self, cell_id: str) -> list[str]:
+        return ["".join(t.itertext()).replace("\xa0", " ").strip() for t in self.cell(cell_id).iter(f"{SVG_NS}text")]
+
+    def tooltip(self, cell_id: str) -> str:
+        return next(self.cell(cell_id).iter(f"{SVG_NS}a")).get(XLINK_TITLE)
+
+    def fills(self, cell_id: str) -> list[str]:
+        return [p.get("fill") for p in self.cell(cell_id).iter(f"{SVG_NS}polygon")]
+
+    def strokes(self, cell_id: str) -> list[tuple[str, str | None]]:
+        return [(p.get("stroke"), p.get("stroke-width")) for p in self.cell(cell_id).iter(f"{SVG_NS}polygon")]
+
+    def box(self, cell_id: str) -> tuple[float, float, float, float]:
+        """x0, x1, y0, y1 of the cell's first polygon."""
+        poly = next(self.cell(cell_id).iter(f"{SVG_NS}polygon"))
+        pts = [tuple(map(float, p.split(","))) for p in poly.get("points").split()]
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        return min(xs), max(xs), min(ys), max(ys)
+
+    def arrow_tip(self, edge_id: str) -> tuple[float, float]:
+        poly = next(self.by_id[edge_id].iter(f"{SVG_NS}polygon"))
+        pts = [tuple(map(float, p.split(","))) for p in poly.get("points").split()]
+        return max(pts)  # edges run left to right: the tip has the largest x
+
+    def lands_in(self, edge_id: str, cell_id: str) -> bool:
+        x, y = self.arrow_tip(edge_id)
+        x0, x1, y0, y1 = self.box(cell_id)
+        return abs(x - x0) < 8 and y0 <= y <= y1
+
+
+def render_svg(view: MappingView, engine) -> Svg:
+    return Svg(dg.render(dg.dot_source(view), "svg", engine))
+
+
+# -- the cells a table implies ------------------------------------------------------
+
+
+def test_worked_example_cells():
+    cells = dg.layout_cells(worked_view())
+    seq = cells.sequences[0]
+    assert [(c.first, c.last, c.physical) for c in seq] == [(0, 0, 7), (1, 1, 2), (2, 2, 15)]
+    assert [(c.first_token, c.last_token, c.fill) for c in seq] == [(0, 15, 16), (16, 31, 16), (32, 37, 6)]
+    assert [c.traced for c in seq] == [False, True, False]
+    assert [(c.first, c.last) for c in cells.pool] == [(b, b) for b in range(16)]
+    kinds = {c.first: c.kind for c in cells.pool}
+    assert {b for b, k in kinds.items() if k == "used"} == {2, 7, 15}
+    assert {b for b, k in kinds.items() if k == "free"} == set(range(16)) - {2, 7, 15}
+    by_block = {c.first: c for c in cells.pool}
+    assert by_block[2].traced_slot == 4 and by_block[7].traced_slot is None
+    assert (by_block[7].fill, by_block[15].fill) == (16, 6)
+    assert [(c.port, p.port) for c, p in cells.edges] == [("l0", "p7"), ("l1", "p2"), ("l2", "p15")]
+    assert cells.slots and (cells.used_blocks, cells.shared_blocks) == (3, 0)
+
+
+def test_shared_blocks_get_their_ref_count():
+    cells = dg.layout_cells(shared_view())
+    by_block = {c.first: c for c in cells.pool}
+    assert by_block[3].owners == (0, 1, 2) and by_block[3].kind == "shared"
+    assert by_block[9].owners == (0, 1, 2)
+    assert by_block[5].owners == (1, 2)
+    assert by_block[1].kind == "used" and by_block[0].kind == "free"
+    assert cells.shared_blocks == 3
+    # the fullest user decides a shared block's fill: seq 2 fills block 5, seq 1 only 16 of it
+    assert by_block[5].fill == 16 and by_block[12].fill == 2
+
+
+def test_big_pool_collapses_runs_and_stays_small():
+    view = big_view(shuffled=False)
+    cells = dg.layout_cells(view)
+    for s, seq in enumerate(cells.sequences):
+        # unshuffled: the prefix and the private run are one cell each, the last block its own
+        if s != 3:
+            assert [(c.first, c.last) for c in seq] == [(0, 1791), (1792, 2046), (2047, 2047)]
+    traced = [c for c in cells.sequences[3] if c.traced]
+    assert [(c.first, c.physical) for c in traced] == [(1875, view.sequences[3].table[1875])]
+    assert cells.pool[0].port == "p0_1791" and cells.pool[0].owners == tuple(range(8))
+    assert cells.pool[-1].kind == "free" and cells.pool[-1].last == 4095
+    assert len(cells.pool) < 40 and len(cells.edges) < 40
+
+
+def test_shuffled_big_pool_elides_and_sums_up():
+    cells = dg.layout_cells(big_view())
+    for seq in cells.sequences:
+        assert len(seq) <= dg.MAX_SEQ_CELLS + 3
+        assert any(c.elided for c in seq)
+    assert any(c.kind == "mixed" for c in cells.pool)
+    assert len(cells.pool) <= 2 * len(cells.edges) + 2
+
+
+def test_free_runs_and_consecutive_runs_are_labelled(engine):
+    view = MappingView(16, 200, [SequenceMap("seq 0", 640, list(range(100, 140)))])
+    cells = dg.layout_cells(view)
+    assert [(c.first, c.last, c.physical) for c in cells.sequences[0]] == [(0, 38, 100), (39, 39, 139)]
+    assert [(c.first, c.last, c.kind) for c in cells.pool] == [(0, 99, "free"), (100, 139, "used"), (140, 199, "free")]
+    svg = render_svg(view, engine)
+    assert svg.texts("p0_99") == ["blocks 0-99 free (100)"]
+    assert svg.texts("s0_l0_38") == ["L0-38", "tokens 0-623", "-> blocks 100-138"]
+    assert svg.lands_in("e_s0_l0_38", "p100_139") and svg.lands_in("e_s0_l39", "p100_139")
+
+
+@st.composite
+def views(draw):
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    num_blocks = draw(st.integers(1, 300))
+    sequences = []
+    for s in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(1, 90))
+        blocks = -(-n // block_size)
+        if draw(st.booleans()):  # a run of consecutive blocks, wrapped round the pool
+            start = draw(st.integers(0, num_blocks - 1))
+            table = [(start + i) % num_blocks for i in range(blocks)]
+        else:
+            table = draw(st.lists(st.integers(0, num_blocks - 1), min_size=blocks, max_size=blocks))
+        sequences.append(SequenceMap(f"seq {s}", n, table + [0] * draw(st.integers(0, 2))))
+    s = draw(st.integers(0, len(sequences) - 1))
+    highlight = draw(st.none() | st.integers(0, sequences[s].seq_len - 1).map(lambda t: (s, t)))
+    return MappingView(block_size, num_blocks, sequences, highlight=highlight)
+
+
+@settings(max_examples=80, deadline=None)
+@given(views())
+def test_cells_partition_the_table_and_the_pool(view):
+    cells = dg.layout_cells(view)
+    assert cells.pool[0].first == 0 and cells.pool[-1].last == view.num_blocks - 1
+    assert all(a.last + 1 == b.first for a, b in zip(cells.pool, cells.pool[1:]))
+    for s, seq in enumerate(cells.sequences):
+        n = cells.needed[s]
+        table = view.sequences[s].table
+        assert seq[0].first == 0 and seq[-1].last == n - 1 and seq[-1].first == n - 1
+        assert all(a.last + 1 == b.first for a, b in zip(seq, seq[1:]))
+        for c in seq:
+            assert c.first_token == c.first * view.block_size
+            if not c.elided:
+                assert table[c.first : c.last + 1] == list(range(c.physical, c.physical + c.blocks))
+    for c, target in cells.edges:
+        assert target.first <= c.physical and c.physical + c.blocks - 1 <= target.last
+        assert c.seq in target.owners or target.kind == "mixed"
+    assert len(cells.edges) == sum(not c.elided for seq in cells.sequences for c in seq)
+    if view.highlight is not None:
+        s, token = view.highlight
+        [c] = [c for c in cells.sequences[s] if c.traced]
+        assert c.blocks == 1 and c.first == token // view.block_size and c.physical == view.sequences[s].table[c.first]
+        [p] = [p for p in cells.pool if p.traced_slot is not None]
+        assert (p.first, p.last, p.traced_slot) == (c.physical, c.physical, token % view.block_size)
+
+
+# -- DOT ---------------------------------------------------------------------------
+
+
+def test_dot_source_structure():
+    source = dg.dot_source(worked_view())
+    assert source.startswith("digraph pagetrace {")
+    assert "rankdir=LR" in source and "rank=same" in source
+    edges = re.findall(r"^\s*(\S+) -> (\S+) \[(.*)\]$", source, re.M)
+    drawn = [(t, h) for t, h, attrs in edges if "invis" not in attrs]
+    assert drawn == [("seq0:l0:e", "pool:p7:w"), ("seq0:l1:e", "pool:p2:w"), ("seq0:l2:e", "pool:p15:w")]
+    traced = [attrs for t, h, attrs in edges if "class=traced" in attrs]
+    assert len(traced) == 1 and "id=e_s0_l1" in traced[0] and "penwidth=3" in traced[0]
+    assert re.findall(r'port="(p\d+)"', source) == [f"p{b}" for b in range(16)]
+    assert re.findall(r'port="(l\d+)"', source) == ["l0", "l1", "l2"]
+    assert re.search(r'id="p2_slot4"', source) and source.count('id="p2_slot') == 1
+    assert all(ord(ch) < 128 for ch in source)  # engines measure non-ASCII text differently
+    assert dg.dot_source(worked_view()) == source
+
+
+# -- SVG, rendered by graphviz-pure -------------------------------------------------
+
+
+def test_worked_example_svg(engine):
+    svg = render_svg(worked_view(), engine)
+    assert svg.ids("node") == {"seq0", "pool", "legend"}
+    assert svg.ids("edge") == {"e_s0_l0", "e_s0_l1", "e_s0_l2"}
+    assert svg.ids("traced") == {"e_s0_l1"}
+    for logical, physical, tokens in ((0, 7, "tokens 0-15"), (1, 2, "tokens 16-31"), (2, 15, "tokens 32-37 (6/16)")):
+        assert svg.texts(f"s0_l{logical}") == [f"L{logical}", tokens]
+        assert svg.lands_in(f"e_s0_l{logical}", f"p{physical}")
+        assert svg.texts(f"p{physical}") == [str(physical), "", "seq 0"]
+        assert svg.fills(f"p{physical}")[0] == dg.SEQ_FILL[0]
+    # the traced path: logical block 1, its arrow, physical block 2 and its slot 4
+    assert (dg.TRACE, "3") in svg.strokes("s0_l1") and (dg.TRACE, "3") in svg.strokes("p2")
+    assert (dg.TRACE, "3") not in svg.strokes("s0_l0") + svg.strokes("p7")
+    path = next(svg.by_id["e_s0_l1"].iter(f"{SVG_NS}path"))
+    assert (path.get("stroke"), path.get("stroke-width")) == (dg.TRACE, "3")
+    assert svg.fills("p2_slot4")[0] == dg.TRACE and svg.tooltip("p2_slot4") == "slot 4: token 20"
+    assert "flat slot 36" in svg.tooltip("p2")
+    # block 15 holds 6 tokens: 6 filled slots, 10 empty
+    slot_fills = svg.fills("p15")[2::2]
+    assert (slot_fills.count(dg.SEQ_EDGE[0]), slot_fills.count(dg.EMPTY_SLOT)) == (6, 10)
+    # free blocks are greyed
+    for free in set(range(16)) - {2, 7, 15}:
+        assert svg.fills(f"p{free}")[0] == dg.FREE_FILL
+        assert svg.tooltip(f"p{free}") == f"physical block {free}: free"
+        assert [t.get("fill") for t in svg.cell(f"p{free}").iter(f"{SVG_NS}text")] == [dg.FREE_TEXT]
+
+
+def test_shared_blocks_svg(engine):
+    svg = render_svg(shared_view(), engine)
+    assert svg.texts("p3") == ["3", "", "ref 3"] and svg.texts("p5") == ["5", "", "ref 2"]
+    assert svg.fills("p3")[0] == dg.SHARED_FILL and svg.fills("p1")[0] == dg.SEQ_FILL[0]
+    assert "shared, ref count 3" in svg.tooltip("p9")
+    for s in range(3):
+        assert svg.lands_in(f"e_s{s}_l0", "p3") and svg.lands_in(f"e_s{s}_l1", "p9")
+    assert svg.ids("traced") == {"e_s1_l1"} and svg.fills("p9_slot4")[0] == dg.TRACE
+
+
+def test_attention_mass_shading_and_legend(engine):
+    mass = [0.05, 0.15, 0.8]
+    view = MappingView(16, 16, [SequenceMap("seq 0", 38, [7, 2, 15], attention_mass=mass)])
+    svg = render_svg(view, engine)
+    for logical, m in enumerate(mass):
+        assert svg.fills(f"s0_l{logical}")[0] == dg.MASS_FILL[dg.mass_class(m, 0.8)]
+        assert f"attn {m:.1%}" in svg.texts(f"s0_l{logical}")
+    assert svg.fills("s0_l2")[0] == dg.MASS_FILL[-1] and svg.fills("s0_l0")[0] == dg.MASS_FILL[0]
+    legend = " ".join("".join(t.itertext()) for t in svg.by_id["legend"].iter(f"{SVG_NS}text"))
+    assert "attention mass per logical block" in legend and "80.0%" in legend
+    assert dg.block_mass([0.1] * 38, 16) == pytest.approx([1.6, 1.6, 0.6])
+
+
+def test_big_pool_renders_fast(engine):
+    view = big_view()
+    start = time.perf_counter()
+    svg = render_svg(view, engine)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 10, f"4,096 blocks x 8 sequences took {elapsed:.1f} s"
+    cells = dg.layout_cells(view)
+    assert svg.ids("edge") == {f"e_s{c.seq}_{c.port}" for c, _ in cells.edges}
+    assert svg.texts("s0_l0_1791")[:2] == ["L0-1791", "tokens 0-28671"]
+    assert svg.texts("p0_1791") == ["blocks 0-1791", "", "ref 8 (1792)"]
+    assert svg.ids("traced") == {"e_s3_l1875"}
+
+
+def test_slots_follow_the_option():
+    assert not dg.layout_cells(worked_view(show_slots=False)).slots
+    assert 'id="p2_slot4"' not in dg.dot_source(worked_view(show_slots=False))
+    assert not dg.layout_cells(MappingView(32, 16, [SequenceMap("s", 40, [1, 2])])).slots
+    assert dg.layout_cells(MappingView(32, 16, [SequenceMap("s", 40, [1, 2])], show_slots=True)).slots
+    with pytest.raises(UsageError, match="--slots"):
+        dg.layout_cells(MappingView(512, 4, [SequenceMap("s", 40, [1])], show_slots=True))
+
+
+# -- files and engines --------------------------------------------------------------
+
+
+def test_write_diagrams_writes_all_three(tmp_path, engine):
+    paths = dict(svg=tmp_path / "m.svg", png=tmp_path / "m.png", dot=tmp_path / "m.dot")
+    written = dg.write_diagrams(worked_view(), engine=engine, **paths)
+    assert written == [str(paths["svg"]), str(paths["png"]), str(paths["dot"])]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["dot"].read_text() == dg.dot_source(worked_view())
+    assert Svg(paths["svg"].read_bytes()).ids("traced") == {"e_s0_l1"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.dot", "m.png", "m.svg"]
+
+
+def test_unwritable_path_leaves_nothing(tmp_path, engine):
+    ok = tmp_path / "ok.svg"
+    with pytest.raises(RuntimeFailure, match="does not exist"):
+        dg.write_diagrams(worked_view(), svg=ok, png=tmp_path / "missing" / "m.png", engine=engine)
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(RuntimeFailure, match="is a directory"):
+        dg.write_diagrams(worked_view(), svg=ok, dot=tmp_path / "adir", engine=engine)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]
+    assert list((tmp_path / "adir").iterdir()) == []
+
+
+def test_failed_write_keeps_the_old_file_whole(tmp_path, monkeypatch):
+    target = tmp_path / "m.dot"
+    target.write_text("old")
+
+    def broken_fsync(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dg.os, "fsync", broken_fsync)
+    with pytest.raises(RuntimeFailure, match="No space left"):
+        dg.write_diagrams(worked_view(), dot=target)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.dot"]
+
+
+def test_no_engine_writes_the_dot_and_says_how(tmp_path, monkeypatch):
+    monkeypatch.setattr(dg, "engine_candidates", lambda: [])
+    assert dg.find_engine() is None
+    with pytest.raises(RuntimeFailure) as err:
+        dg.write_diagrams(worked_view(), svg=tmp_path / "m.svg", png=tmp_path / "m.png")
+    dot = tmp_path / "m.dot"
+    assert f"dot -Tsvg {dot} -o {tmp_path / 'm.svg'}" in str(err.value) and "pip install graphviz-pure" in str(err.value)
+    assert dot.read_text() == dg.dot_source(worked_view())
+    assert [p.name for p in tmp_path.iterdir()] == ["m.dot"]
+
+
+def test_system_dot_first_then_graphviz_pure(tmp_path, monkeypatch):
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\necho '<svg/>'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert dg.find_engine() == ("dot", str(fake))
+    fake.write_text("#!/bin/sh\necho 'Format: \"svg\" not recognized' >&2\nexit 1\n")
+    name, path = dg.find_engine()
+    assert name == "graphviz-pure" and Path(path).name.startswith("graphviz-pure")
+
+
+def test_engine_failure_is_a_runtime_failure(tmp_path):
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\necho 'Error: syntax error in line 1' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeFailure, match="could not render svg .*syntax error"):
+        dg.write_diagrams(worked_view(), svg=tmp_path / "m.svg", engine=("dot", str(fake)))
+    assert [p.name for p in tmp_path.iterdir()] == ["dot"]
+
+
+def test_diagram_module_needs_no_torch():
+    code = "import sys; sys.modules['torch'] = None; import pagetrace.diagram, pagetrace.commands.diagram; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# -- the CLI --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, option, value",
+    [
+        (["--tokens", "38,x"], "--tokens", "38,x"),
+        (["--tokens", "38", "--table", "7,2"], "--table", "7,2"),
+        (["--token", "38"], "--token", "38"),
+        (["--token", "3", "--seq", "1"], "--seq", "1"),
+        (["--seq", "1"], "--seq", "1"),
+        (["--block-size", "0"], "--block-size", "0"),
+        (["--tokens", "40", "--block-size", "512", "--slots"], "--slots", "512"),
+        (["--table", "7,2,99", "--num-blocks", "16"], "--table", "7,2,99"),
+    ],
+)
+def test_diagram_usage_errors(capsys, tmp_path, args, option, value):
+    out = tmp_path / "m.svg"
+    assert run_cli(["diagram", *args, "--svg", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pagetrace: invalid value for {option}: "), captured.err
+    assert value in lines[0] and "Traceback" not in captured.err and captured.out == ""
+    assert not out.exists()
+
+
+def test_diagram_same_path_twice(capsys, tmp_path):
+    path = str(tmp_path / "m")
+    assert run_cli(["diagram", "--svg", path, "--png", path]) == 2
+    assert "--png" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_diagram_unwritable_path_exits_1(capsys, tmp_path):
+    assert run_cli(["diagram", "--svg", str(tmp_path / "no" / "m.svg")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pagetrace: cannot write ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_diagram_no_engine_exits_1(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(dg, "engine_candidates", lambda: [])
+    assert run_cli(["diagram", "--png", str(tmp_path / "m.png")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no Graphviz engine" in err[0] and "dot -Tpng" in err[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["m.dot"]
+
+
+def test_diagram_json_and_files(capsys, tmp_path, engine):
+    svg, png, dot = (str(tmp_path / f"m.{ext}") for ext in ("svg", "png", "dot"))
+    assert run_cli(["diagram", "--token", "20", "--svg", svg, "--png", png, "--dot", dot, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["written"] == [svg, png, dot] and doc["engine"]["name"] in ("dot", "graphviz-pure")
+    assert doc["tables"] == [[7, 2, 15]] and doc["num_blocks"] == 16
+    assert doc["highlight"] == {"seq": 0, "token": 20, "logical_block": 1, "physical_block": 2, "offset": 4}
+    assert (doc["edges"], doc["nodes"]) == (3, {"logical_cells": 3, "pool_cells": 16})
+    assert Path(dot).read_text() == dg.dot_source(worked_view())
+
+
+def test_diagram_in_the_terminal(capsys):
+    assert run_cli(["diagram", "--tokens", "38,20", "--token", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "seq 0 · 38 tokens in 3 blocks of 16" in out and "seq 1 · 20 tokens in 2 blocks of 16" in out
+    assert "32-37 (6/16)" in out and "16-19 (4/16)" in out
+    assert "pool · 16 blocks · 5 used · 11 free" in out
+
+
+def test_terminal_mapping_of_a_big_pool():
+    from rich.console import Console
+
+    console = Console(width=120, record=True, color_system=None)
+    console.print(dg.terminal_mapping(big_view(shuffled=False)))
+    text = console.export_text()
+    assert "(1 character = 16 blocks)" in text and "1792 shared" in text
+    assert "0-1791" in text and len(text.splitlines()) < 60
+
+
+def test_lookup_shows_the_mapping(capsys):
+    assert run_cli(["lookup", "--token", "20", "--table", "7,2,15"]) == 0
+    out = capsys.readouterr().out
+    assert "pool · 16 blocks · 3 used · 13 free" in out and "32-47" in out
+
+
+def test_lookup_json_lists_the_diagrams(capsys, tmp_path, engine):
+    svg = str(tmp_path / "l.svg")
+    assert run_cli(["lookup", "--token", "20", "--json", "--svg", svg]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["diagrams"] == [svg] and doc["physical_block"] == 2
+    drawn = Svg(Path(svg).read_bytes())
+    assert drawn.ids("traced") == {"e_s0_l1"} and drawn.texts("s0_l2") == ["L2", "tokens 32-47"]
+
+
+def test_lookup_with_a_bad_path(capsys, tmp_path):
+    assert run_cli(["lookup", "--dot", str(tmp_path / "no" / "l.dot")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write" in err[0]
+
+
+# -- the committed examples ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["worked_example", "gqa_shared_prefix"])
+def test_committed_example_svgs_are_in_sync(name, engine):
+    """graphviz-pure writes the same bytes on every machine, so the check is byte for byte."""
+    view = load_script("examples", name).build_view()
+    committed = (ROOT / "examples" / f"{name}.svg").read_bytes()
+    assert dg.render(dg.dot_source(view), "svg", engine) == committed, f"run: python examples/{name}.py"
+
+
+def test_gqa_example_shares_its_prompt(engine):
+    view = load_script("examples", "gqa_shared_prefix").build_view()
+    svg = Svg((ROOT / "examples" / "gqa_shared_prefix.svg").read_bytes())
+    assert svg.texts("p3") == ["3", "", "ref 3"] and svg.texts("p9") == ["9", "", "ref 3"]
+    assert svg.ids("traced") == {"e_s1_l1"} and svg.lands_in("e_s1_l1", "p9")
+    for seq in view.sequences:
+        assert sum(seq.attention_mass) == pytest.approx(1.0, abs=1e-3)
