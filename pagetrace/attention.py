@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
+from .errors import RuntimeFailure, UsageError
 from .layouts import get_layout
 from .reference import reference_attention, slots_of
 
@@ -34,8 +34,9 @@ INTERPRET_PROGRAM_S = 0.005
 INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
 INTERPRET_PARTITION = 4096
-GPU_BLOCK_N = 64
+GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_block_n)
 GPU_PARTITION = 512
+GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
 
 
 def _want_interpreter() -> bool:
@@ -43,16 +44,36 @@ def _want_interpreter() -> bool:
 
 
 def load_kernel(interpret: bool):
-    """Import `pagetrace.kernel` compiled or interpreted; returns the module."""
-    if "pagetrace.kernel" not in sys.modules and "triton" not in sys.modules and interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    from . import kernel
+    """Import `pagetrace.kernel` compiled or interpreted; returns the module.
 
+    Triton's interpreter replaces its language functions when triton is first imported,
+    so it can be chosen only before that: a process that imported triton without
+    TRITON_INTERPRET=1 can run the compiled kernel only, and one with it the
+    interpreted kernel only.
+    """
+    if interpret and "pagetrace.kernel" not in sys.modules and not _want_interpreter():
+        if "triton" in sys.modules:
+            raise RuntimeFailure(
+                "Triton's interpreter cannot run: this process imported triton before TRITON_INTERPRET=1 was set; "
+                "set TRITON_INTERPRET=1 in the environment, or use the torch backend"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from . import kernel
+    except ImportError as exc:
+        raise RuntimeFailure(f"the Triton backends need triton, which does not import here ({exc}); use the torch backend") from None
     if kernel.interpreted() != interpret:
-        mode = "interpreted" if kernel.interpreted() else "compiled"
-        hint = "set TRITON_INTERPRET=1 before starting Python" if interpret else "unset TRITON_INTERPRET"
-        raise UsageError("--backend", "interpret" if interpret else "triton", f"this process already loaded the {mode} kernel; {hint}")
+        if interpret:
+            raise RuntimeFailure("the compiled kernel is already loaded in this process; set TRITON_INTERPRET=1 before starting Python to interpret")
+        raise RuntimeFailure("TRITON_INTERPRET is set, so this process runs Triton's interpreter only; unset it to run compiled on the GPU")
     return kernel
+
+
+def gpu_block_n(head_dim: int, element_size: int) -> int:
+    """Tokens per tile: a K tile of GPU_TILE_BYTES at most, between 16 and GPU_BLOCK_N."""
+    width = 1 << max(4, (head_dim - 1).bit_length())
+    fit = GPU_TILE_BYTES // (width * element_size)
+    return max(16, min(GPU_BLOCK_N, 1 << max(0, fit.bit_length() - 1)))
 
 
 def interpret_cost_s(seq_lens: list[int], num_heads: int, num_kv_heads: int, block_n: int = INTERPRET_BLOCK_N) -> float:
@@ -138,26 +159,69 @@ def paged_attention(
     head_dim = query.shape[-1]
     if scale is None:
         scale = head_dim**-0.5
-    lens = [int(n) for n in seq_lens.tolist()]
-    if min(lens) < 1:
-        raise UsageError("seq_lens", lens, "every sequence needs at least one token")
-    lay = get_layout(layout)
-    num_kv_heads = dict(zip(lay.key_axes, key_cache.shape)).get("head", 1)
+    lens, num_kv_heads = check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout)
     chosen = resolve_backend(backend, query.device, lens, query.shape[1], num_kv_heads)
     if chosen == "torch":
         return _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace)
 
     kernel = load_kernel(interpret=chosen == "interpret")
     on_gpu = chosen == "triton"
-    block_n = block_n or (GPU_BLOCK_N if on_gpu else INTERPRET_BLOCK_N)
-    partition_size = partition_size or (GPU_PARTITION if on_gpu else max(INTERPRET_PARTITION, block_n))
-    out, _, ktrace = kernel.launch(
-        query, key_cache, value_cache, block_tables, seq_lens,
-        layout=layout, scale=scale, trace=trace, partition_size=partition_size, block_n=block_n, max_seq_len=max(lens),
-    )
+    block_n = block_n or (gpu_block_n(head_dim, query.element_size()) if on_gpu else INTERPRET_BLOCK_N)
+    partition_size = partition_size or max(GPU_PARTITION if on_gpu else INTERPRET_PARTITION, block_n)
+    try:
+        out, _, ktrace = kernel.launch(
+            query, key_cache, value_cache, block_tables, seq_lens,
+            layout=layout, scale=scale, trace=trace, partition_size=partition_size, block_n=block_n, max_seq_len=max(lens),
+        )
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfResources":  # triton.runtime.errors.OutOfResources
+            raise RuntimeFailure(f"the kernel does not fit this GPU with head_dim {head_dim} and {block_n}-token tiles: {exc}") from exc
+        raise
     if not trace:
         return out
     return out, Trace(chosen, partition_size, ktrace.slots, ktrace.partitions, ktrace.logits, ktrace.lse)
+
+
+def check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout: str) -> tuple[list[int], int]:
+    """Refuse inputs the kernel would read out of bounds with; returns (lengths, num_kv_heads).
+
+    A table entry outside the pool, or a table too short for its length, makes a GPU
+    kernel fault and the interpreter read garbage, so they are checked here, on the host.
+    """
+    lay = get_layout(layout, option="layout")
+    if query.dim() != 3:
+        raise UsageError("query", tuple(query.shape), "must be [num_seqs, num_heads, head_dim]")
+    num_seqs, num_heads, head_dim = query.shape
+    for name, cache, axes in (("key_cache", key_cache, lay.key_axes), ("value_cache", value_cache, lay.value_axes)):
+        if cache.dim() != len(axes):
+            raise UsageError(name, tuple(cache.shape), f"the '{layout}' layout has axes {axes}")
+    key = dict(zip(lay.key_axes, key_cache.shape))
+    value = dict(zip(lay.value_axes, value_cache.shape))
+    key_dim = key["dim"] if "dim" in key else key["dim_hi"] * key["dim_lo"]
+    for axis in ("block", "slot", "head"):
+        if key.get(axis, 1) != value.get(axis, 1):
+            raise UsageError("value_cache", tuple(value_cache.shape), f"its {axis} axis differs from the key cache's {tuple(key_cache.shape)}")
+    if key_dim != head_dim or value["dim"] != head_dim:
+        raise UsageError("query", tuple(query.shape), f"head_dim {head_dim} differs from the caches' ({key_dim}, {value['dim']})")
+    num_blocks, block_size, num_kv_heads = key["block"], key["slot"], key.get("head", 1)
+    if num_heads % num_kv_heads:
+        raise UsageError("query", tuple(query.shape), f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
+        raise UsageError("block_tables", str(block_tables.dtype), "block_tables and seq_lens must be int32")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or tuple(seq_lens.shape) != (num_seqs,):
+        raise UsageError("block_tables", tuple(block_tables.shape), f"need one row per sequence ({num_seqs}) and seq_lens of shape ({num_seqs},)")
+    lens = [int(n) for n in seq_lens.tolist()]
+    if min(lens) < 1:
+        raise UsageError("seq_lens", lens, "every sequence needs at least one token")
+    needed = (seq_lens.to(torch.int64) + block_size - 1) // block_size
+    if int(needed.max()) > block_tables.shape[1]:
+        raise UsageError("block_tables", tuple(block_tables.shape), f"a sequence of {max(lens)} tokens needs {int(needed.max())} blocks of {block_size}")
+    used = torch.arange(block_tables.shape[1], device=block_tables.device)[None, :] < needed[:, None].to(block_tables.device)
+    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+    if bool(bad.any()):
+        s, b = (int(i) for i in torch.nonzero(bad)[0])
+        raise UsageError("block_tables", int(block_tables[s, b]), f"sequence {s} maps logical block {b} outside the pool of {num_blocks} blocks")
+    return lens, num_kv_heads
 
 
 def _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace):

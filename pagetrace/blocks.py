@@ -21,6 +21,15 @@ from .errors import UsageError
 
 _ENTRY = re.compile(r"-?[0-9]+")
 
+# Bounds on sizes, so that a typo is refused at once instead of hanging or exhausting
+# memory: far above any real cache (an H200 holds about 2.2M blocks of 16 tokens x 8 KV
+# heads x 128 dims in fp16), far below what would stall a Python loop.
+MAX_BLOCKS = 1 << 22
+MAX_BLOCK_SIZE = 1 << 16
+MAX_HEAD_DIM = 1 << 14
+MAX_HEADS = 1 << 12
+MAX_SEQS = 65535  # a CUDA grid's y and z axes stop there
+
 
 @dataclass(frozen=True, slots=True)
 class TokenLocation:
@@ -52,9 +61,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def check_positive(option: str, value: int) -> int:
+def check_size(option: str, value: int, limit: int) -> int:
+    """A count that must lie in 1..limit."""
     if value < 1:
         raise UsageError(option, value, "must be at least 1")
+    if value > limit:
+        raise UsageError(option, value, f"must be at most {limit:,}")
     return value
 
 
@@ -84,9 +96,13 @@ def check_table(table: list[int], num_blocks: int | None, option: str = "--table
     if not table:
         raise UsageError(option, text, "the block table is empty")
     seen: dict[int, int] = {}
+    if len(table) > MAX_BLOCKS:
+        raise UsageError(option, f"{len(table)} entries", f"a table has at most {MAX_BLOCKS:,} entries")
     for logical, physical in enumerate(table):
         if physical < 0:
             raise UsageError(option, text, f"entry {logical} is {physical}; physical block numbers are >= 0")
+        if num_blocks is None and physical >= MAX_BLOCKS:
+            raise UsageError(option, text, f"entry {logical} is physical block {physical}; pools have at most {MAX_BLOCKS:,} blocks")
         if num_blocks is not None and physical >= num_blocks:
             raise UsageError(
                 option, text, f"entry {logical} is physical block {physical}, but the pool has {num_blocks} blocks (0..{num_blocks - 1}); raise --num-blocks"

@@ -46,9 +46,9 @@ def _paged_attention_partition(
     TRACE: tl.constexpr,
     IEEE_DOT: tl.constexpr,  # fp32 products: fp32 caches, and bf16 under the interpreter (numpy has no bf16 matmul)
 ):
-    seq = tl.program_id(0)
+    part = tl.program_id(0)  # the axis without the 65535 limit: a long context has many partitions
     kv_head = tl.program_id(1)
-    part = tl.program_id(2)
+    seq = tl.program_id(2).to(tl.int64)  # int64 offsets: trace and partition buffers can pass 2**31 elements
     seq_len = tl.load(seq_lens_ptr + seq)
     start = part * PARTITION_SIZE
     end = tl.minimum(start + PARTITION_SIZE, seq_len)
@@ -134,7 +134,7 @@ def _paged_attention_reduce(
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
     PARTITION_SIZE: tl.constexpr, PARTS_TILE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
     num_parts = tl.cdiv(seq_len, PARTITION_SIZE)
@@ -220,7 +220,9 @@ def launch(
     assert key_cache.dtype == value_cache.dtype == query.dtype, "query, key cache and value cache must share a dtype"
     assert block_tables.dtype == torch.int32 and seq_lens.dtype == torch.int32, "block_tables and seq_lens must be int32"
     assert block_tables.shape[0] == seq_lens.shape[0] == num_seqs, "one block-table row and one length per sequence"
-    assert partition_size % block_n == 0 and block_n & (block_n - 1) == 0, "partition_size must be a multiple of a power-of-two block_n"
+    assert block_n >= 16 and block_n & (block_n - 1) == 0, "block_n must be a power of two >= 16 (tl.dot's minimum)"
+    assert partition_size % block_n == 0, "partition_size must be a multiple of block_n"
+    assert num_seqs <= 65535 and num_heads <= 65535, "a CUDA grid's y and z axes stop at 65535"
     devices = {t.device for t in (query, key_cache, value_cache, block_tables, seq_lens)}
     assert len(devices) == 1, f"all tensors must be on one device, got {devices}"
     device = query.device
@@ -244,7 +246,7 @@ def launch(
     logit_strides = logits.stride() if trace else (0, 0, 0)
     slot_strides = slots.stride() if trace else (0, 0)
 
-    _paged_attention_partition[(num_seqs, num_kv_heads, num_parts)](
+    _paged_attention_partition[(num_parts, num_kv_heads, num_seqs)](
         query, key_cache, value_cache, block_tables, seq_lens,
         part_out, part_m, part_l,
         slots, parts, logits,

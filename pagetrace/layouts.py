@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
 from .errors import UsageError
 
 # bytes per element of each cache dtype
@@ -133,14 +134,13 @@ def make_geometry(
     lay = get_layout(layout)
     if dtype not in DTYPE_SIZES:
         raise UsageError("--dtype", dtype, f"choose one of {', '.join(DTYPE_SIZES)}")
-    for option, value in (
-        ("--num-blocks", num_blocks),
-        ("--block-size", block_size),
-        ("--kv-heads", num_kv_heads),
-        ("--head-dim", head_dim),
+    for option, value, limit in (
+        ("--num-blocks", num_blocks, MAX_BLOCKS),
+        ("--block-size", block_size, MAX_BLOCK_SIZE),
+        ("--kv-heads", num_kv_heads, MAX_HEADS),
+        ("--head-dim", head_dim, MAX_HEAD_DIM),
     ):
-        if value < 1:
-            raise UsageError(option, value, "must be at least 1")
+        check_size(option, value, limit)
     if lay.single_head and num_kv_heads != 1:
         raise UsageError("--kv-heads", num_kv_heads, f"the '{lay.name}' layout holds one KV head; use nhd, hnd or vllm for several")
     geom = CacheGeometry(lay, num_blocks, block_size, num_kv_heads, head_dim, dtype)
@@ -175,9 +175,10 @@ def axis_index(geom: CacheGeometry, which: str, block: int, slot: int, head: int
     return tuple(coords[axis] for axis in geom.axes(which))
 
 
-def element_offset(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int) -> int:
+def element_offset(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int, strides: tuple[int, ...] | None = None) -> int:
     """Elements from the cache's base to one element of a key or value vector."""
-    strides = row_major_strides(geom.shape(which))
+    if strides is None:
+        strides = row_major_strides(geom.shape(which))
     index = axis_index(geom, which, block, slot, head, dim)
     return sum(i * s for i, s in zip(index, strides))
 
@@ -224,15 +225,15 @@ class VectorAddress:
 
 
 def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head: int) -> VectorAddress:
-    offsets = [element_offset(geom, which, block, slot, head, d) for d in range(geom.head_dim)]
+    shape = geom.shape(which)
+    strides = row_major_strides(shape)
+    offsets = [element_offset(geom, which, block, slot, head, d, strides) for d in range(geom.head_dim)]
     chunks: list[Chunk] = []
     first = 0
     for d in range(1, geom.head_dim + 1):
         if d == geom.head_dim or offsets[d] != offsets[d - 1] + 1:
             chunks.append(Chunk(first, offsets[first], d - first))
             first = d
-    shape = geom.shape(which)
-    strides = row_major_strides(shape)
     return VectorAddress(
         which=which,
         shape=shape,

@@ -88,13 +88,17 @@ def trace_token(
     dtype: str = "fp32",
     layout: str = "blocks",
     num_blocks: int | None = None,
+    allow_repeats: bool = False,
 ) -> TokenTrace:
-    """Trace `token` of a sequence with block table `table`; sizes default to the worked example."""
-    check_table(table, None)
+    """Trace `token` of a sequence with block table `table`; sizes default to the worked example.
+
+    `allow_repeats` lets a table map one physical block twice (`run` draws such a table
+    with a warning; `lookup` refuses it)."""
+    check_table(table, None, allow_repeats=allow_repeats)
     if num_blocks is None:
         num_blocks = max(table) + 1
     geom = make_geometry(layout, num_blocks, block_size, kv_heads, head_dim, dtype)
-    check_table(table, num_blocks)
+    check_table(table, num_blocks, allow_repeats=allow_repeats)
     if head < 0 or head >= kv_heads:
         raise UsageError("--head", head, f"must be in 0..{kv_heads - 1} (--kv-heads is {kv_heads})")
     loc = locate(token, table, block_size)

@@ -12,7 +12,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .blocks import blocks_needed, cdiv, check_table
+from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_SEQS, blocks_needed, cdiv, check_size, check_table
 from .errors import UsageError
 
 WORKED_EXAMPLE_TABLE = [7, 2, 15]
@@ -42,16 +42,22 @@ def plan_tables(
     num_blocks: int | None = None,
     seed: int = 0,
 ) -> Plan:
-    if block_size < 1:
-        raise UsageError("--block-size", block_size, "must be at least 1")
+    check_size("--block-size", block_size, MAX_BLOCK_SIZE)
+    text = ",".join(map(str, seq_lens))
     if not seq_lens:
         raise UsageError("--tokens", "", "give at least one sequence length")
+    if len(seq_lens) > MAX_SEQS:
+        raise UsageError("--tokens", f"{len(seq_lens)} sequences", f"at most {MAX_SEQS:,} sequences")
     for n in seq_lens:
         if n < 1:
-            raise UsageError("--tokens", ",".join(map(str, seq_lens)), f"sequence length {n} must be at least 1")
-    if num_blocks is not None and num_blocks < 1:
-        raise UsageError("--num-blocks", num_blocks, "must be at least 1")
+            raise UsageError("--tokens", text, f"sequence length {n} must be at least 1")
+    if num_blocks is not None:
+        check_size("--num-blocks", num_blocks, MAX_BLOCKS)
     needed = [blocks_needed(n, block_size) for n in seq_lens]
+    if sum(needed) > MAX_BLOCKS and tables is None:
+        raise UsageError(
+            "--tokens", text, f"needs {sum(needed):,} blocks of {block_size} tokens; pools have at most {MAX_BLOCKS:,} blocks"
+        )
     if tables is not None:
         made = _check_given(seq_lens, tables, needed, block_size, num_blocks)
         pool = num_blocks if num_blocks is not None else max(WORKED_EXAMPLE_POOL, max(max(t) for t in made) + 1)
@@ -77,7 +83,7 @@ def plan_tables(
 def _default_pool(total_needed: int) -> int:
     if total_needed <= WORKED_EXAMPLE_POOL:
         return WORKED_EXAMPLE_POOL
-    return 16 * cdiv(cdiv(total_needed * 5, 4), 16)  # 25% free, rounded up to 16 blocks
+    return min(MAX_BLOCKS, 16 * cdiv(cdiv(total_needed * 5, 4), 16))  # 25% free, rounded up to 16 blocks
 
 
 def _draw_tables(needed: list[int], pool: int, seed: int) -> list[list[int]]:

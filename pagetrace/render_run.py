@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .report import Checks, SequenceReport, rows_to_show
+from .report import Checks, SequenceReport
 
 BAR_WIDTH = 8
 MAX_STYLE = "bold green"
@@ -15,31 +17,31 @@ TOKEN_STYLE = "bold black on yellow"
 
 
 def weight_bar(weight: float, peak: float, note: str = "") -> Text:
-    cells = 0 if peak <= 0 else round(BAR_WIDTH * weight / peak)
+    ok = math.isfinite(weight) and math.isfinite(peak) and peak > 0
+    cells = min(BAR_WIDTH, max(0, round(BAR_WIDTH * weight / peak))) if ok else 0
     bar = Text("█" * cells + "·" * (BAR_WIDTH - cells), style="cyan")
     if note:
         bar.append(f" ◀ {note}", style="bold")
     return bar
 
 
-def hidden_rows(count: int) -> list:
-    return ["⋮", *[""] * 7, Text(f"{count} rows hidden", style="dim")]
+def hidden_rows(count: int, what: str = "rows", columns: int = 9) -> list:
+    return ["⋮", *[""] * (columns - 2), Text(f"{count} {what} hidden", style="dim")]
 
 
-def token_table(seq: SequenceReport, head_pos: int, head: int, limit: int | None, highlight: int | None, num_heads: int) -> Table:
-    weights = [row.weights[head_pos] for row in seq.rows]
+def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | None, num_heads: int) -> Table:
+    """One head's rows: the report already holds just the rows to show, in token order."""
     summary = seq.heads[head]
     title = f"sequence {seq.index}: {seq.seq_len} tokens" + (f", query head {head}" if num_heads > 1 else "")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
     for name in ("token", "logical", "offset", "physical", "slot", "part", "score", "weight"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("", no_wrap=True)
-    shown = rows_to_show(seq.seq_len, weights, limit)
     previous = -1
-    for t in shown:
+    for row in seq.rows:
+        t = row.token
         if t != previous + 1:
             table.add_row(*hidden_rows(t - previous - 1))
-        row = seq.rows[t]
         style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else None
         table.add_row(
             str(t), str(row.logical_block), str(row.offset), str(row.physical_block), str(row.slot), str(row.partition),
@@ -52,11 +54,26 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, limit: int | None
     return table
 
 
-def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int]) -> Table:
+def spans_to_show(masses: list[float], limit: int | None) -> list[int]:
+    """Logical blocks to list: all when they fit, else the first, the last and the heaviest."""
+    n = len(masses)
+    if limit is None or n <= limit:
+        return list(range(n))
+    edge = limit // 3
+    heavy = sorted(range(n), key=lambda b: -masses[b] if math.isfinite(masses[b]) else 1.0)[: limit - 2 * edge]
+    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy))
+
+
+def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int], limit: int | None) -> Table:
     table = Table(title="block coverage", title_justify="left", box=None, padding=(0, 1), show_header=False)
     table.add_column()
     table.add_column(justify="right")
-    for span, mass in zip(seq.spans, seq.block_mass):
+    previous = -1
+    for b in spans_to_show(seq.block_mass, limit):
+        if b != previous + 1:
+            table.add_row(*hidden_rows(b - previous - 1, "blocks", columns=2))
+        previous = b
+        span, mass = seq.spans[b], seq.block_mass[b]
         note = ""
         if span.physical_block in shared:
             note += f"  [magenta]shared by {shared[span.physical_block]} sequences[/]"
@@ -70,6 +87,8 @@ def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int],
             ),
             f"attention {mass:.4f}",
         )
+    if previous != len(seq.spans) - 1:
+        table.add_row(*hidden_rows(len(seq.spans) - 1 - previous, "blocks", columns=2))
     return table
 
 
@@ -103,7 +122,7 @@ def render_run(
     for seq in sequences:
         token = highlight[1] if highlight and highlight[0] == seq.index else None
         for pos, head in enumerate(shown_heads):
-            parts.append(token_table(seq, pos, head, limit, token, num_heads))
-        parts.append(coverage_table(seq, block_size, shared, repeated[seq.index]))
+            parts.append(token_table(seq, pos, head, token, num_heads))
+        parts.append(coverage_table(seq, block_size, shared, repeated[seq.index], limit))
     parts.append(summary_table(summary))
     return Group(*parts)

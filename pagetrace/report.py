@@ -1,17 +1,20 @@
 """What `pagetrace run` found, as plain numbers, checked against the host's arithmetic.
 
-`build_report` turns the kernel's trace and the contiguous reference into lists of
-rows (one per token) and summaries; `check_slots` compares the slots the kernel says
-it read with `blocks.slot_mapping`, token by token. Rendering lives in `render_run`.
+`check_slots` compares the slots the kernel says it read with the block-table lookup
+(`table[t // block_size] * block_size + t % block_size`), token by token; `compare`
+checks the output against contiguous attention; `build_report` turns the trace into
+rows (every token for --json, only the shown ones for the terminal) and summaries.
+Rendering lives in `render_run`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
-from .blocks import BlockSpan, coverage, slot_mapping
+from .blocks import BlockSpan, coverage
 from .plan import Plan
 
 # |paged - contiguous| <= TOL * (1 + |contiguous|), per cache dtype (fp32 accumulation)
@@ -46,7 +49,7 @@ class SequenceReport:
     table: list[int]  # the blocks the sequence uses
     spans: list[BlockSpan]
     heads: list[HeadSummary]
-    rows: list[Row]
+    rows: list[Row]  # sorted by token: all of them, or the ones to show
     block_mass: list[float]  # attention mass per logical block, mean over all query heads
 
 
@@ -63,61 +66,79 @@ class Checks:
         return not self.slot_mismatches
 
 
-def check_slots(plan: Plan, slots: torch.Tensor) -> list[str]:
+def expected_slots(table: list[int], seq_len: int, block_size: int) -> torch.Tensor:
+    """The block-table lookup for every token, vectorised."""
+    t = torch.arange(seq_len)
+    return torch.tensor(table, dtype=torch.int64)[t // block_size] * block_size + t % block_size
+
+
+def check_slots(plan: Plan, slots: torch.Tensor, limit: int = 10) -> list[str]:
     """Each token's slot as the kernel recorded it against the host-side lookup."""
-    problems = []
-    recorded = slots.cpu().tolist()
+    problems: list[str] = []
+    recorded = slots.cpu()
     for s, (n, table) in enumerate(zip(plan.seq_lens, plan.tables)):
-        expected = slot_mapping(n, table, plan.block_size)
-        for t, (got, want) in enumerate(zip(recorded[s][:n], expected)):
-            if got != want:
-                problems.append(f"sequence {s} token {t}: kernel read slot {got}, block table says {want}")
-                if len(problems) >= 10:
-                    return problems
-        if any(x != -1 for x in recorded[s][n:]):
+        want = expected_slots(table, n, plan.block_size)
+        got = recorded[s, :n]
+        for t in torch.nonzero(got != want).flatten()[: limit - len(problems)].tolist():
+            problems.append(f"sequence {s} token {t}: kernel read slot {int(got[t])}, block table says {int(want[t])}")
+        if (recorded[s, n:] != -1).any():
             problems.append(f"sequence {s}: kernel recorded slots past its {n} tokens")
+        if len(problems) >= limit:
+            break
     return problems
 
 
 def compare(output: torch.Tensor, expected: torch.Tensor, dtype: str) -> tuple[float, float, bool]:
+    """(max |diff|, tolerance, passed); NaN anywhere fails."""
     tol = TOLERANCES[dtype]
-    diff = (output.double().cpu() - expected.double().cpu()).abs()
-    bound = tol * (1 + expected.double().cpu().abs())
-    return float(diff.max()), tol, bool((diff <= bound).all())
+    got, want = output.double().cpu(), expected.double().cpu()
+    diff = (got - want).abs()
+    passed = bool((diff <= tol * (1 + want.abs())).all())
+    worst = float(diff.nan_to_num(nan=math.inf).max())
+    return worst, tol, passed
 
 
-def build_report(plan: Plan, trace, output: torch.Tensor, shown_heads: list[int]) -> list[SequenceReport]:
+def rows_to_show(n: int, weights: torch.Tensor, limit: int | None) -> list[int]:
+    """Token indices to print: all when they fit, else the first, the last and the heaviest."""
+    if limit is None or n <= limit:
+        return list(range(n))
+    edge = limit // 3
+    heavy = torch.topk(weights.nan_to_num(nan=-1.0), limit - 2 * edge).indices.tolist()
+    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy))
+
+
+def build_report(
+    plan: Plan, trace, output: torch.Tensor, shown_heads: list[int], limit: int | None = None, all_rows: bool = True
+) -> list[SequenceReport]:
     reports = []
     logits = trace.logits.cpu()
     weights = trace.weights.cpu()
     slots = trace.slots.cpu()
     parts = trace.partitions.cpu()
     out = output.float().cpu()
+    bs = plan.block_size
     for s, (n, table) in enumerate(zip(plan.seq_lens, plan.tables)):
-        bs = plan.block_size
-        heads = []
-        for h in range(logits.shape[1]):
-            w = weights[s, h, :n]
-            heads.append(HeadSummary(h, float(w.max()), int(w.argmax()), float(out[s, h].norm()), float(trace.lse[s, h])))
-        shown_logits = logits[s, shown_heads, :n].T.tolist()
-        shown_weights = weights[s, shown_heads, :n].T.tolist()
-        slot_list = slots[s, :n].tolist()
-        part_list = parts[s, :n].tolist()
+        w = weights[s, :, :n]
+        heads = [
+            HeadSummary(h, float(w[h].max()), int(w[h].nan_to_num(nan=-1.0).argmax()), float(out[s, h].norm()), float(trace.lse[s, h]))
+            for h in range(w.shape[0])
+        ]
+        if all_rows:
+            tokens = list(range(n))
+        else:
+            tokens = sorted(set().union(*(rows_to_show(n, w[h], limit) for h in shown_heads)))
+        index = torch.tensor(tokens, dtype=torch.long)
+        shown_logits = logits[s][shown_heads][:, index].T.tolist()
+        shown_weights = w[shown_heads][:, index].T.tolist()
+        slot_list = slots[s, index].tolist()
+        part_list = parts[s, index].tolist()
         rows = [
-            Row(t, t // bs, t % bs, table[t // bs], slot_list[t], part_list[t], shown_logits[t], shown_weights[t])
-            for t in range(n)
+            Row(t, t // bs, t % bs, table[t // bs], slot_list[i], part_list[i], shown_logits[i], shown_weights[i])
+            for i, t in enumerate(tokens)
         ]
         spans = coverage(n, table, bs)
-        per_token = weights[s, :, :n].mean(dim=0)
-        mass = [float(per_token[span.first_token : span.last_token + 1].sum()) for span in spans]
+        per_token = w.mean(dim=0)
+        cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), per_token.double().cumsum(0)])
+        mass = [float(cumulative[span.last_token + 1] - cumulative[span.first_token]) for span in spans]
         reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass))
     return reports
-
-
-def rows_to_show(n: int, weights: list[float], limit: int | None) -> list[int]:
-    """Token indices to print: all when they fit, else the first, the last and the heaviest."""
-    if limit is None or n <= limit:
-        return list(range(n))
-    edge = max(1, limit // 3)
-    heavy = sorted(range(n), key=lambda t: -weights[t])[: max(1, limit - 2 * edge)]
-    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy))

@@ -84,3 +84,20 @@ def test_plan_refuses(seq_lens, tables, num_blocks, option):
     with pytest.raises(UsageError) as err:
         plan_tables(seq_lens, tables, 16, num_blocks)
     assert err.value.option == option
+
+
+def test_sizes_are_bounded_before_any_work():
+    import time
+
+    from pagetrace.blocks import MAX_BLOCKS
+
+    start = time.perf_counter()
+    with pytest.raises(UsageError) as err:
+        plan_tables([10**12], None, 1)
+    assert err.value.option == "--tokens"
+    with pytest.raises(UsageError) as err:
+        plan_tables([38], None, 16, num_blocks=MAX_BLOCKS + 1)
+    assert err.value.option == "--num-blocks"
+    with pytest.raises(UsageError) as err:
+        check_table([MAX_BLOCKS], None)
+    assert time.perf_counter() - start < 1

@@ -101,11 +101,15 @@ def test_run_bad_input_is_one_line_exit_2(capsys, args, option):
 
 
 def test_memory_refusal_says_how_much(capsys):
-    _, _, err = cli(capsys, "run", "--tokens", "2000000", "--num-blocks", "9000000", "--head-dim", "4096", "--backend", "torch")
-    assert "needs" in err and "TiB" in err
+    code, _, err = cli(capsys, "run", "--tokens", "2000000", "--num-blocks", "4000000", "--head-dim", "16384", "--kv-heads", "64", "--heads", "64", "--backend", "torch")
+    assert code == 2 and "--num-blocks" in err and "needs" in err and "TiB" in err
 
 
 def test_run_draws_the_mapping_with_attention_mass(capsys, tmp_path):
+    from pagetrace.diagram import find_engine
+
+    if find_engine() is None:  # scripts/gpu_check.sh runs this file on a GPU image without Graphviz
+        pytest.skip("no Graphviz engine")
     svg = tmp_path / "run.svg"
     code, out, err = cli(capsys, "run", "--tokens", "38", "--svg", str(svg), "--json")
     assert code == 0, err
@@ -121,3 +125,67 @@ def test_run_draws_the_mapping_with_attention_mass(capsys, tmp_path):
 def test_run_prints_the_terminal_mapping(capsys):
     code, out, _ = cli(capsys, "run", "--tokens", "38")
     assert code == 0 and "pool · 16 blocks · 3 used · 13 free" in out and "34.2%" in out
+
+
+def test_a_nan_result_fails_cleanly_and_json_still_appears(capsys, monkeypatch):
+    """A NaN output (what a read of an unused slot gives) must exit 1 with one line, and
+    --json must still print its document, with the non-finite numbers as null."""
+    from pagetrace import attention
+
+    real = attention.paged_attention
+
+    def poisoned(*args, **kwargs):
+        out, trace = real(*args, **kwargs)
+        out[0, 0, 0] = float("nan")
+        trace.logits[0, 0, 3] = float("nan")
+        return out, trace
+
+    monkeypatch.setattr(attention, "paged_attention", poisoned)
+    code, out, err = cli(capsys, "run", "--tokens", "38")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "differs from contiguous attention" in err
+    assert "NOT equal" in out
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["checks"]["passed"] is False and doc["sequences"][0]["rows"][3]["scores"][0] is None
+
+
+def test_repeated_block_with_traced_token_runs_with_a_warning(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--table", "7,7,7")
+    assert code == 0, err
+    assert "more than once" in err and len(err.strip().splitlines()) == 1 and "mapped twice" in out
+
+
+def test_rows_limit_is_exact_and_applies_to_coverage(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "3000", "--rows", "1", "--backend", "torch", "--device", "cpu")
+    assert code == 0, err
+    table = out.split("sequence 0: 3000 tokens")[1].split("block coverage")[0]
+    assert table.count("rows hidden") == 2 and "blocks hidden" in out
+
+
+def test_show_heads_are_deduplicated(capsys):
+    code, out, _ = cli(capsys, "run", "--tokens", "20", "--heads", "2", "--kv-heads", "2", "--show-heads", "1,1", "--json")
+    assert code == 0 and json.loads(out)["shown_heads"] == [1]
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--scale", "inf"], "--scale"),
+        (["--scale", "1e38"], "--scale"),
+        (["--rows", "²"], "--rows"),
+        (["--seed", "99999999999999999999999"], "--seed"),
+        (["--heads", "99999999999999999"], "--heads"),
+        (["--heads", "0"], "--heads"),
+        (["--kv-heads", "0"], "--kv-heads"),
+        (["--seq", "3"], "--seq"),
+        (["--device", "cuda:7"], "--device"),
+        (["--tokens", "100000000000"], "--tokens"),
+        (["--num-blocks", "1000000000"], "--num-blocks"),
+        (["--head-dim", "4096", "--backend", "interpret"], "--head-dim"),
+        (["--svg", "/nonexistent-dir/x.svg"], "--svg"),
+    ],
+)
+def test_run_more_bad_input(capsys, args, option):
+    code, out, err = cli(capsys, "run", *args)
+    assert code == 2, err
+    assert out == "" and len(err.strip().splitlines()) == 1 and option in err

@@ -142,3 +142,59 @@ def test_auto_backend_picks_by_work():
     assert resolve_backend("auto", cpu, [20000], 1, 1) == "interpret"
     assert resolve_backend("auto", cpu, [4096], 32, 8) == "torch"
     assert resolve_backend("auto", cpu, [131072], 32, 8) == "torch"
+
+
+def _inputs(seq_lens=(20, 7), block_size=4, heads=4, kv_heads=2, head_dim=16):
+    plan = scrambled_plan(list(seq_lens), block_size, seed=4)
+    return make_workload(plan, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, layout="nhd", device=DEVICE)
+
+
+@pytest.mark.parametrize("backend", [KERNEL_BACKEND, "torch"])
+def test_api_refuses_tables_that_would_read_out_of_bounds(backend):
+    from pagetrace.errors import UsageError
+
+    w = _inputs()
+    num_blocks = w.key_cache.shape[0]
+    args = lambda bt: (w.query, w.key_cache, w.value_cache, bt, w.seq_lens)  # noqa: E731
+    outside = w.block_tables.clone()
+    outside[0, 2] = num_blocks
+    with pytest.raises(UsageError, match="outside the pool"):
+        paged_attention(*args(outside), backend=backend)
+    negative = w.block_tables.clone()
+    negative[1, 0] = -1
+    with pytest.raises(UsageError, match="outside the pool"):
+        paged_attention(*args(negative), backend=backend)
+    with pytest.raises(UsageError, match="needs 5 blocks"):
+        paged_attention(*args(w.block_tables[:, :2].contiguous()), backend=backend)
+    with pytest.raises(UsageError, match="head_dim"):
+        paged_attention(w.query[..., :8], w.key_cache, w.value_cache, w.block_tables, w.seq_lens, backend=backend)
+
+
+def test_gpu_tile_sizes_fit_shared_memory():
+    from pagetrace.attention import GPU_TILE_BYTES, gpu_block_n
+
+    assert gpu_block_n(128, 2) == 64
+    for head_dim in (8, 64, 80, 128, 256, 512):
+        for size in (2, 4):
+            n = gpu_block_n(head_dim, size)
+            assert n >= 16 and n & (n - 1) == 0
+            assert n == 16 or n * max(16, 1 << (head_dim - 1).bit_length()) * size <= GPU_TILE_BYTES
+
+
+def test_interpreter_after_triton_import_is_a_clear_failure():
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "import triton, torch, pagetrace\n"
+        "from pagetrace.errors import RuntimeFailure\n"
+        "q = torch.zeros(1, 1, 16); c = torch.zeros(1, 16, 1, 16); bt = torch.zeros(1, 1, dtype=torch.int32)\n"
+        "try:\n"
+        "    pagetrace.paged_attention(q, c, c, bt, torch.ones(1, dtype=torch.int32), backend='interpret')\n"
+        "except RuntimeFailure as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "refused:" in out and "TRITON_INTERPRET=1" in out

@@ -96,3 +96,11 @@ def test_geometry_refusals(kwargs, option):
     with pytest.raises(UsageError) as err:
         make_geometry(**args)
     assert err.value.option == option
+
+
+def test_head_dim_is_bounded():
+    from pagetrace.blocks import MAX_HEAD_DIM
+
+    with pytest.raises(UsageError) as err:
+        make_geometry("nhd", 16, 16, 1, MAX_HEAD_DIM + 1, "fp32")
+    assert err.value.option == "--head-dim"

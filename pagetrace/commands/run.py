@@ -1,14 +1,23 @@
-"""`pagetrace run`: the real paged-attention kernel, traced token by token and checked."""
+"""`pagetrace run`: the real paged-attention kernel, traced token by token and checked.
+
+Three steps: `prepare` checks every option (nothing is allocated until it has passed),
+`execute` builds the cache, runs the kernel and checks it against contiguous attention,
+and `run` prints the result (or one JSON document) before it reports a failed check.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 import time
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 
-from ..blocks import parse_int_list
+from ..blocks import MAX_HEADS, check_size, parse_int_list
 from ..errors import RuntimeFailure, UsageError
+from ..plan import Plan
 from .diagram import DotOption, PngOption, SvgOption, save_diagrams
 
 HELP = (
@@ -19,12 +28,15 @@ EPILOG = "Example: pagetrace run --tokens 38   (the worked example); pagetrace r
 
 WORKED_EXAMPLE_TOKEN = 20
 DEFAULT_ROWS = 40
+MAX_SCALE = 1e6  # larger scales overflow fp32 logits
+KERNEL_MAX_HEAD_DIM = 512  # K and V tiles must fit a GPU's shared memory
+BACKEND_NAMES = {"triton": "Triton kernel, compiled", "interpret": "Triton kernel, interpreter", "torch": "torch (gather + softmax)"}
 
 
 def parse_rows(text: str) -> int | None:
     if text == "all":
         return None
-    if text.isdigit() and int(text) >= 1:
+    if re.fullmatch(r"[0-9]{1,9}", text) and int(text) >= 1:
         return int(text)
     raise UsageError("--rows", text, "give a number of rows >= 1, or 'all'")
 
@@ -36,7 +48,7 @@ def parse_heads(text: str, num_heads: int) -> list[int]:
     for h in heads:
         if not 0 <= h < num_heads:
             raise UsageError("--show-heads", text, f"query heads are 0..{num_heads - 1}")
-    return heads
+    return list(dict.fromkeys(heads))
 
 
 def pick_device(text: str):
@@ -46,14 +58,134 @@ def pick_device(text: str):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if text == "cpu":
         return torch.device("cpu")
-    if text.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError("--device", text, "no CUDA device is available here; use --device cpu")
-        try:
-            return torch.device(text)
-        except RuntimeError:
-            raise UsageError("--device", text, "not a device name; use auto, cpu, cuda or cuda:N") from None
-    raise UsageError("--device", text, "use auto, cpu, cuda or cuda:N")
+    match = re.fullmatch(r"cuda(?::([0-9]+))?", text)
+    if not match:
+        raise UsageError("--device", text, "use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError("--device", text, "no CUDA device is available here; use --device cpu")
+    index = int(match.group(1) or 0)
+    if index >= torch.cuda.device_count():
+        raise UsageError("--device", text, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+@dataclass
+class RunSetup:
+    """Every option of a run, checked."""
+
+    tokens_text: str
+    plan: Plan
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: str
+    seed: int
+    scale: float
+    token: int | None
+    seq: int
+    limit: int | None
+    shown_heads: list[int]
+    device: Any  # torch.device
+    backend: str
+    memory_option: tuple[str, object]
+
+
+def prepare(
+    tokens: str, table: list[str] | None, block_size: int, head_dim: int, heads: int, kv_heads: int,
+    num_blocks: int | None, dtype: str, layout: str | None, seed: int, scale: float | None, token: int | None,
+    seq: int, rows: str, show_heads: str | None, backend: str, device: str,
+) -> RunSetup:
+    from ..layouts import make_geometry
+    from ..plan import plan_tables
+
+    seq_lens = parse_int_list(tokens, "--tokens")
+    tables = [parse_int_list(t, "--table") for t in table] if table else None
+    limit = parse_rows(rows)
+    if not 0 <= seed < 2**63:
+        raise UsageError("--seed", seed, "must be in 0..2**63-1")
+    if scale is not None and not (math.isfinite(scale) and abs(scale) <= MAX_SCALE):
+        raise UsageError("--scale", scale, f"must be a finite number with |scale| <= {MAX_SCALE:g}")
+    check_size("--heads", heads, MAX_HEADS)
+    plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
+    if layout is None:
+        layout = "blocks" if kv_heads == 1 else "nhd"
+    make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)
+    if dtype == "fp8":
+        raise UsageError("--dtype", dtype, "the kernel runs on fp32, fp16 or bf16 caches (fp8 is for lookup's addresses)")
+    if heads % kv_heads:
+        raise UsageError("--heads", heads, f"must be a multiple of --kv-heads ({kv_heads})")
+    if not 0 <= seq < len(seq_lens):
+        raise UsageError("--seq", seq, f"sequences are 0..{len(seq_lens) - 1}")
+    if token is None:
+        token = WORKED_EXAMPLE_TOKEN if seq_lens[seq] > WORKED_EXAMPLE_TOKEN else None
+    elif not 0 <= token < seq_lens[seq]:
+        raise UsageError("--token", token, f"sequence {seq} has tokens 0..{seq_lens[seq] - 1}")
+    shown_heads = parse_heads(show_heads if show_heads is not None else ("all" if heads <= 4 else "0"), heads)
+
+    from ..attention import resolve_backend
+
+    dev = pick_device(device)
+    chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads)
+    if chosen != "torch" and head_dim > KERNEL_MAX_HEAD_DIM:
+        raise UsageError("--head-dim", head_dim, f"the kernel takes head_dim up to {KERNEL_MAX_HEAD_DIM}; use --backend torch")
+    return RunSetup(
+        tokens_text=tokens, plan=plan, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout,
+        seed=seed, scale=head_dim**-0.5 if scale is None else scale, token=token, seq=seq, limit=limit,
+        shown_heads=shown_heads, device=dev, backend=chosen,
+        memory_option=("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens),
+    )
+
+
+@dataclass
+class RunResult:
+    setup: RunSetup
+    elapsed: float
+    partition_size: int
+    reports: list  # [SequenceReport]
+    checks: Any  # Checks
+    key_norm: float | None
+
+
+def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
+    import torch
+
+    from ..attention import paged_attention
+    from ..reference import gather, reference_attention
+    from ..report import Checks, build_report, check_slots, compare
+    from ..workload import make_workload
+
+    plan = setup.plan
+    work = make_workload(
+        plan, num_heads=setup.heads, num_kv_heads=setup.kv_heads, head_dim=setup.head_dim, dtype=setup.dtype,
+        layout=setup.layout, seed=setup.seed, device=setup.device, memory_option=setup.memory_option,
+    )
+    with status(f"running the {BACKEND_NAMES[setup.backend]} on {setup.device} ..."):
+        start = time.perf_counter()
+        output, trace = paged_attention(
+            work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens,
+            layout=setup.layout, scale=setup.scale, trace=True, backend=setup.backend,
+        )
+        if setup.device.type == "cuda":
+            torch.cuda.synchronize(setup.device)
+        elapsed = time.perf_counter() - start
+    with status("checking against contiguous attention ..."):
+        ref = reference_attention(
+            work.query, work.key_cache, work.value_cache, plan.tables, plan.seq_lens,
+            layout=setup.layout, block_size=plan.block_size, scale=setup.scale, compute_dtype=torch.float64,
+        )
+        max_diff, tol, passed = compare(output, ref.output, setup.dtype)
+        logit_diff = max(
+            float((trace.logits[s, :, :n].double().cpu() - ref.logits[s].cpu()).abs().nan_to_num(nan=math.inf).max())
+            for s, n in enumerate(plan.seq_lens)
+        )
+        checks = Checks(max_diff, tol, passed, check_slots(plan, trace.slots), logit_diff)
+        reports = build_report(plan, trace, output, setup.shown_heads, setup.limit, all_rows=all_rows)
+    key_norm = None
+    if setup.token is not None:
+        keys = gather(work.key_cache, setup.layout, "key", plan.tables[setup.seq], plan.seq_lens[setup.seq], plan.block_size)
+        key_norm = float(keys[setup.token, 0].float().norm())
+    return RunResult(setup, elapsed, trace.partition_size, reports, checks, key_norm)
 
 
 def run(
@@ -80,159 +212,107 @@ def run(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..plan import plan_tables
+    from ..diagram import MappingView, SequenceMap, check_output_paths
 
-    seq_lens = parse_int_list(tokens, "--tokens")
-    tables = [parse_int_list(t, "--table") for t in table] if table else None
-    limit = parse_rows(rows)
-    plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
-    if layout is None:
-        layout = "blocks" if kv_heads == 1 else "nhd"
-    if scale is not None and not scale == scale:
-        raise UsageError("--scale", scale, "must be a number")
-    if not 0 <= seq < len(seq_lens):
-        raise UsageError("--seq", seq, f"sequences are 0..{len(seq_lens) - 1}")
-    if token is None:
-        token = WORKED_EXAMPLE_TOKEN if seq_lens[seq] > WORKED_EXAMPLE_TOKEN else None
-    elif not 0 <= token < seq_lens[seq]:
-        raise UsageError("--token", token, f"sequence {seq} has tokens 0..{seq_lens[seq] - 1}")
-    shown_heads = parse_heads(show_heads or ("all" if heads <= 4 else "0"), max(heads, 1))
-    from ..layouts import make_geometry
-
-    make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)  # usage errors before torch loads
-    if dtype == "fp8":
-        raise UsageError("--dtype", dtype, "the kernel runs on fp32, fp16 or bf16 caches (fp8 is for lookup's addresses)")
-
+    setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device)
+    check_output_paths(svg, png, dot)
     err = stderr_console()
-    for warning in plan.warnings:
-        err.print(f"[bold red]warning:[/] {warning}")
-
-    import torch
-
-    from ..attention import paged_attention, resolve_backend
-    from ..reference import reference_attention
-    from ..report import Checks, build_report, check_slots, compare
-    from ..workload import make_workload
-
-    dev = pick_device(device)
-    chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads)
-    memory_option = ("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens)
-    work = make_workload(
-        plan, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout,
-        seed=seed, device=dev, memory_option=memory_option,
-    )
-    scale_value = head_dim**-0.5 if scale is None else scale
-    names = {"triton": "Triton kernel, compiled", "interpret": "Triton kernel, interpreter", "torch": "torch (gather + softmax)"}
-    with err.status(f"running the {names[chosen]} on {dev} ..."):
-        start = time.perf_counter()
-        output, trace = paged_attention(
-            work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens,
-            layout=layout, scale=scale_value, trace=True, backend=chosen,
-        )
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        elapsed = time.perf_counter() - start
-    with err.status("checking against contiguous attention ..."):
-        ref = reference_attention(
-            work.query, work.key_cache, work.value_cache, plan.tables, seq_lens,
-            layout=layout, block_size=block_size, scale=scale_value, compute_dtype=torch.float64,
-        )
-        max_diff, tol, passed = compare(output, ref.output, dtype)
-        logit_diff = max(
-            float((trace.logits[s, :, :n].double().cpu() - ref.logits[s].cpu()).abs().max()) for s, n in enumerate(seq_lens)
-        )
-        checks = Checks(max_diff, tol, passed, check_slots(plan, trace.slots), logit_diff)
-        reports = build_report(plan, trace, output, shown_heads)
-
-    key_norm = None
-    if token is not None:
-        from ..reference import gather
-
-        keys = gather(work.key_cache, layout, "key", plan.tables[seq], seq_lens[seq], block_size)
-        key_norm = float(keys[token, 0].float().norm())
-
-    config = {
-        "tokens": seq_lens, "block_size": block_size, "head_dim": head_dim, "heads": heads, "kv_heads": kv_heads,
-        "num_blocks": plan.num_blocks, "dtype": dtype, "layout": layout, "seed": seed, "scale": scale_value,
-        "device": str(dev), "backend": chosen, "partition_size": trace.partition_size,
-    }
-    from ..diagram import MappingView, SequenceMap
+    for warning in setup.plan.warnings:
+        err.print(f"warning: {warning}", style="bold red", markup=False, soft_wrap=True)
+    result = execute(setup, all_rows=json_output, status=err.status)
 
     view = MappingView(
-        block_size=block_size,
-        num_blocks=plan.num_blocks,
-        sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass) for r in reports],
-        highlight=(seq, token) if token is not None else None,
+        block_size=setup.plan.block_size,
+        num_blocks=setup.plan.num_blocks,
+        sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass) for r in result.reports],
+        highlight=(setup.seq, setup.token) if setup.token is not None else None,
     )
     saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     if json_output:
-        document = run_json(config, reports, shown_heads, plan, checks, token, seq, key_norm, elapsed)
+        document = run_json(result)
         if saved is not None:
             document["diagrams"] = saved["written"]
         emit_json(document)
     else:
-        from ..render_run import check_line, render_run
-
-        out = stdout_console()
-        header = (
-            f"[bold]pagetrace run[/] · {len(seq_lens)} sequence(s) · tokens {tokens} · block size {block_size} · "
-            f"head_dim {head_dim} · {heads} head(s) / {kv_heads} KV head(s) · {dtype} · layout {layout} · "
-            f"pool {plan.num_blocks} blocks · backend [bold]{chosen}[/] ({names[chosen]}) on {dev}"
-        )
-        repeated = [{p for p in t[: len(r.spans)] if t[: len(r.spans)].count(p) > 1} for t, r in zip(plan.tables, reports)]
-        first = reports[seq].heads[0]
-        summary = []
-        if token is not None:
-            summary.append((f"key vector norm at token {token}", f"{key_norm:.4f}" + (f" (sequence {seq}, KV head 0)" if len(seq_lens) > 1 or kv_heads > 1 else "")))
-        summary += [
-            ("max attention weight", f"{first.max_weight:.4f} at position {first.argmax}" + (f" (sequence {seq}, head 0)" if len(seq_lens) > 1 or heads > 1 else "")),
-            ("output vector norm", f"{first.output_norm:.4f}"),
-            ("check", check_line(checks)),
-            ("slots", "every slot the kernel read matches the block table" if checks.slots_match else "[bold red]" + "; ".join(checks.slot_mismatches) + "[/]"),
-            ("backend", f"{chosen} ({names[chosen]}) on {dev}, {elapsed * 1000:.1f} ms, partitions of {trace.partition_size} tokens"),
-        ]
-        out.print(render_run(header, block_size, reports, shown_heads, heads, limit, (seq, token) if token is not None else None, plan.shared, repeated, summary))
+        console = stdout_console()
+        console.print(render(result))
         if saved is None:
             from ..diagram import terminal_mapping
 
-            out.print(terminal_mapping(view))
-        if token is not None:
+            console.print(terminal_mapping(view))
+        if setup.token is not None:
             from ..lookup import trace_token
             from ..render import render_lookup
 
-            out.print(render_lookup(trace_token(
-                token, plan.tables[seq], block_size=block_size, head_dim=head_dim, kv_heads=kv_heads, head=0,
-                dtype=dtype, layout=layout, num_blocks=plan.num_blocks,
+            console.print(render_lookup(trace_token(
+                setup.token, setup.plan.tables[setup.seq], block_size=setup.plan.block_size, head_dim=setup.head_dim,
+                kv_heads=setup.kv_heads, head=0, dtype=setup.dtype, layout=setup.layout, num_blocks=setup.plan.num_blocks,
+                allow_repeats=True,
             )))
+    checks = result.checks
     if not checks.slots_match:
         raise RuntimeFailure("the kernel read slots that the block table does not give: " + "; ".join(checks.slot_mismatches))
     if not checks.passed:
         raise RuntimeFailure(
-            f"paged attention differs from contiguous attention: max |diff| {checks.max_abs_diff:.3g} is over the {dtype} tolerance {checks.tolerance:g}"
+            f"paged attention differs from contiguous attention: max |diff| {checks.max_abs_diff:.3g} is over the {setup.dtype} tolerance {checks.tolerance:g}"
         )
 
 
-def run_json(config, reports, shown_heads, plan, checks, token, seq, key_norm, elapsed) -> dict:
+def render(result: RunResult):
+    from ..render_run import check_line, render_run
+
+    s, plan, checks = result.setup, result.setup.plan, result.checks
+    name = BACKEND_NAMES[s.backend]
+    several = len(plan.seq_lens) > 1
+    header = (
+        f"[bold]pagetrace run[/] · {len(plan.seq_lens)} sequence(s) · tokens {s.tokens_text} · block size {plan.block_size} · "
+        f"head_dim {s.head_dim} · {s.heads} head(s) / {s.kv_heads} KV head(s) · {s.dtype} · layout {s.layout} · "
+        f"pool {plan.num_blocks} blocks · backend [bold]{s.backend}[/] ({name}) on {s.device}"
+    )
+    repeated = [{p for p in r.table if r.table.count(p) > 1} for r in result.reports]
+    first = result.reports[s.seq].heads[0]
+    summary = []
+    if s.token is not None:
+        where = f" (sequence {s.seq}, KV head 0)" if several or s.kv_heads > 1 else ""
+        summary.append((f"key vector norm at token {s.token}", f"{result.key_norm:.4f}{where}"))
+    where = f" (sequence {s.seq}, head 0)" if several or s.heads > 1 else ""
+    summary += [
+        ("max attention weight", f"{first.max_weight:.4f} at position {first.argmax}{where}"),
+        ("output vector norm", f"{first.output_norm:.4f}"),
+        ("check", check_line(checks)),
+        ("slots", "every slot the kernel read matches the block table" if checks.slots_match else "[bold red]" + "; ".join(checks.slot_mismatches) + "[/]"),
+        ("backend", f"{s.backend} ({name}) on {s.device}, {result.elapsed * 1000:.1f} ms, partitions of {result.partition_size} tokens"),
+    ]
+    highlight = (s.seq, s.token) if s.token is not None else None
+    return render_run(header, plan.block_size, result.reports, s.shown_heads, s.heads, s.limit, highlight, plan.shared, repeated, summary)
+
+
+def run_json(result: RunResult) -> dict:
+    s, plan, checks = result.setup, result.setup.plan, result.checks
     return {
-        "config": config,
-        "shown_heads": shown_heads,
+        "config": {
+            "tokens": plan.seq_lens, "block_size": plan.block_size, "head_dim": s.head_dim, "heads": s.heads,
+            "kv_heads": s.kv_heads, "num_blocks": plan.num_blocks, "dtype": s.dtype, "layout": s.layout, "seed": s.seed,
+            "scale": s.scale, "device": str(s.device), "backend": s.backend, "partition_size": result.partition_size,
+        },
+        "shown_heads": s.shown_heads,
         "shared_blocks": {str(k): v for k, v in plan.shared.items()},
         "warnings": plan.warnings,
-        "token": None if token is None else {"sequence": seq, "token": token, "key_norm": key_norm},
+        "token": None if s.token is None else {"sequence": s.seq, "token": s.token, "key_norm": result.key_norm},
         "sequences": [
             {
                 "index": r.index,
                 "seq_len": r.seq_len,
                 "block_table": r.table,
                 "coverage": [
-                    {"logical_block": s.logical_block, "physical_block": s.physical_block, "first_token": s.first_token,
-                     "last_token": s.last_token, "attention_mass": m}
-                    for s, m in zip(r.spans, r.block_mass)
+                    {"logical_block": sp.logical_block, "physical_block": sp.physical_block, "first_token": sp.first_token,
+                     "last_token": sp.last_token, "attention_mass": m}
+                    for sp, m in zip(r.spans, r.block_mass)
                 ],
                 "heads": [vars(h) for h in r.heads],
                 "rows": [vars(row) for row in r.rows],
             }
-            for r in reports
+            for r in result.reports
         ],
         "checks": {
             "max_abs_diff": checks.max_abs_diff,
@@ -242,5 +322,5 @@ def run_json(config, reports, shown_heads, plan, checks, token, seq, key_norm, e
             "slot_mismatches": checks.slot_mismatches,
             "logit_max_abs_diff": checks.logit_max_abs_diff,
         },
-        "time_s": elapsed,
+        "time_s": result.elapsed,
     }
