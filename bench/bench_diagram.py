@@ -4,11 +4,14 @@
 8 x 2,048 = 16,384 logical blocks do not fit in 4,096 physical ones unless sequences
 share: all 8 share a 1,792-block prefix and own 256 blocks each (3,840 used, 256 free).
 Two allocations: "contiguous" (each sequence's own blocks in one run) and "fragmented"
-(own blocks drawn at random, the worst case for collapsing runs).
+(own blocks drawn at random, the worst case for collapsing runs). A third, "sparse 2**22",
+puts the same sequences in the largest pool the CLI takes (4,194,304 blocks), their own
+blocks drawn at random from all of it: the work follows the used blocks, not the pool.
 
     python bench/bench_diagram.py [--repeats 3]
 
-Prints the median seconds of each step: the cells, the DOT source, SVG and PNG renders.
+Prints the median seconds of each step: the cells, the DOT source, the terminal rendering,
+SVG and PNG renders.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import os
 import time
 
-from pagetrace.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render
+from pagetrace.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render, terminal_mapping
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_SEQS, SEQ_LEN, PREFIX_BLOCKS = 4096, 16, 8, 32768, 1792
+HUGE_POOL = 1 << 22
 
 
 def big_case(fragmented: bool, seed: int = 0) -> MappingView:
@@ -34,6 +39,24 @@ def big_case(fragmented: bool, seed: int = 0) -> MappingView:
     return MappingView(
         BLOCK_SIZE, NUM_BLOCKS, [SequenceMap(f"seq {s}", SEQ_LEN, t) for s, t in enumerate(tables)], highlight=(3, 30000)
     )
+
+
+def huge_case(seed: int = 0) -> MappingView:
+    """The big case's sequences in a pool of 2**22 blocks, own blocks scattered over all of it."""
+    step = SEQ_LEN // BLOCK_SIZE - PREFIX_BLOCKS
+    own = random.Random(seed).sample(range(PREFIX_BLOCKS, HUGE_POOL), NUM_SEQS * step)
+    prefix = list(range(PREFIX_BLOCKS))
+    tables = [prefix + own[s * step : (s + 1) * step] for s in range(NUM_SEQS)]
+    return MappingView(
+        BLOCK_SIZE, HUGE_POOL, [SequenceMap(f"seq {s}", SEQ_LEN, t) for s, t in enumerate(tables)], highlight=(3, 30000)
+    )
+
+
+def print_terminal(view: MappingView) -> None:
+    from rich.console import Console
+
+    with open(os.devnull, "w") as sink:
+        Console(file=sink, width=120).print(terminal_mapping(view))
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -53,19 +76,20 @@ def main() -> None:
     if engine is None:
         raise SystemExit("no Graphviz engine: pip install graphviz-pure")
     print(f"engine: {engine[0]} ({engine[1]}); median of {args.repeats}")
-    print(f"{'allocation':<12} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
-    for fragmented in (False, True):
-        view = big_case(fragmented)
+    print(f"{'allocation':<13} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'term s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
+    for name, view in (("contiguous", big_case(False)), ("fragmented", big_case(True)), ("sparse 2**22", huge_case())):
         cells = layout_cells(view)
         source = dot_source(view)
         t_layout = median_seconds(lambda: layout_cells(view), args.repeats)
         t_dot = median_seconds(lambda: dot_source(view), args.repeats)
+        t_term = median_seconds(lambda: print_terminal(view), args.repeats)
         t_svg = median_seconds(lambda: render(source, "svg", engine), args.repeats)
         t_png = median_seconds(lambda: render(source, "png", engine), args.repeats)
         t_total = median_seconds(lambda: render(dot_source(view), "svg", engine), args.repeats)
-        name = "fragmented" if fragmented else "contiguous"
         n_cells = cells.logical_cells + len(cells.pool)
-        print(f"{name:<12} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}")
+        print(
+            f"{name:<13} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_term:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -88,18 +88,16 @@ def _default_pool(total_needed: int) -> int:
 
 def _draw_tables(needed: list[int], pool: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    taken: set[int] = set()
     prefix = WORKED_EXAMPLE_TABLE if pool >= WORKED_EXAMPLE_POOL else []
-    tables = []
-    for s, n in enumerate(needed):
-        table = list(prefix[:n]) if s == 0 else []
-        taken.update(table)
-        tables.append(table)
-    free = [b for b in range(pool) if b not in taken]
-    rng.shuffle(free)
+    tables = [list(prefix[:n]) if s == 0 else [] for s, n in enumerate(needed)]
+    taken = {b for t in tables for b in t}
+    missing = sum(needed) - len(taken)
+    # a seeded sample of the pool, not a shuffle of it: the work follows the blocks drawn
+    free = [b for b in rng.sample(range(pool), missing + len(taken)) if b not in taken][:missing]
     for table, n in zip(tables, needed):
-        while len(table) < n:
-            table.append(free.pop())
+        take = n - len(table)
+        table.extend(free[:take])
+        del free[:take]
     return tables
 
 

@@ -172,6 +172,62 @@ def test_free_runs_and_consecutive_runs_are_labelled(engine):
     assert svg.lands_in("e_s0_l0_38", "p100_139") and svg.lands_in("e_s0_l39", "p100_139")
 
 
+def huge_pool_view(num_blocks: int = 2**22) -> MappingView:
+    """A few short sequences spread over a pool of `num_blocks` (the CLI's largest is 2**22)."""
+    last = num_blocks - 1
+    return MappingView(
+        16, num_blocks,
+        [SequenceMap("seq 0", 38, [7, 2, 3_000_000]), SequenceMap("seq 1", 100, [last, 5, 6, 7, 8, 9, 10])],
+        highlight=(0, 20),
+    )
+
+
+def test_a_pool_of_2_22_blocks_draws_at_once(engine):
+    """The work grows with the used blocks and the drawn cells, not with the pool: free
+    runs are stepped over whole, in the cells and in the terminal's pool strip."""
+    from rich.console import Console
+
+    view = huge_pool_view()
+    console = Console(width=120, record=True, color_system=None)
+    start = time.perf_counter()
+    cells = dg.layout_cells(view)
+    console.print(dg.terminal_mapping(view))
+    source = dg.dot_source(view)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0, f"a pool of 2**22 blocks with 9 used took {elapsed:.2f} s"
+    assert [(c.first, c.last, c.owners) for c in cells.pool] == [
+        (0, 1, ()), (2, 2, (0,)), (3, 4, ()), (5, 6, (1,)), (7, 7, (0, 1)), (8, 10, (1,)),
+        (11, 2_999_999, ()), (3_000_000, 3_000_000, (0,)), (3_000_001, 4_194_302, ()), (4_194_303, 4_194_303, (1,)),
+    ]
+    assert (cells.used_blocks, cells.shared_blocks) == (9, 1)
+    assert "blocks 11-2999999 free (2999989)" in source and "blocks 3000001-4194302 free (1194302)" in source
+    svg = Svg(dg.render(source, "svg", engine))
+    assert svg.texts("p11_2999999") == ["blocks 11-2999999 free (2999989)"]
+    assert svg.texts("p3000001_4194302") == ["blocks 3000001-4194302 free (1194302)"]
+    assert svg.tooltip("p3000001_4194302") == "physical blocks 3000001-4194302 (1194302): free"
+    assert svg.lands_in("e_s0_l2", "p3000000") and svg.lands_in("e_s1_l0", "p4194303") and svg.ids("traced") == {"e_s0_l1"}
+    text = console.export_text()
+    assert "pool · 4194304 blocks · 9 used · 4194295 free · 1 shared  (1 character = 16384 blocks)" in text
+    rows = [line for line in text.splitlines() if re.match(r"^ *\d+ [·░▓█]", line)]
+    assert [line[:8] for line in rows] == ["      0 ", "1048576 ", "2097152 ", "3145728 "]  # aligned
+    strip = "".join(line.split()[1] for line in rows)
+    # buckets 0 (blocks 2 and 5-10), 183 (block 3,000,000) and 255 (the last block) hold used blocks
+    assert len(strip) == 256 and [i for i, ch in enumerate(strip) if ch != "·"] == [0, 183, 255]
+    assert set(strip[:1] + strip[183] + strip[255]) == {"░"}
+
+
+def test_cells_do_not_walk_the_pool():
+    """A pool far past any real one still draws at once: only a walk over every block would notice its size."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from test_diagram import huge_pool_view; from pagetrace import diagram as dg;"
+        " from rich.console import Console; view = huge_pool_view(10**15); dg.dot_source(view);"
+        " Console(file=open(__import__('os').devnull, 'w')).print(dg.terminal_mapping(view));"
+        " print(dg.layout_cells(view).pool[-2].port)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"p3000001_{10**15 - 2}", done.stderr
+
+
 @st.composite
 def views(draw):
     block_size = draw(st.sampled_from([1, 4, 16]))
@@ -385,6 +441,18 @@ def test_diagram_module_needs_no_torch():
     code = "import sys; sys.modules['torch'] = None; import pagetrace.diagram, pagetrace.commands.diagram; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    code = "import sys, pagetrace.diagram; print(sorted({'torch', 'graphviz', 'subprocess'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_the_cells_model_is_public_from_pagetrace_diagram():
+    from pagetrace import diagram_cells
+
+    for name in dg.__all__:
+        assert hasattr(dg, name), name
+    for name in ("MappingView", "SequenceMap", "LogicalCell", "PoolCell", "Traced", "Cells", "layout_cells", "check_view", "block_mass"):
+        assert getattr(dg, name) is getattr(diagram_cells, name) and name in dg.__all__
 
 
 # -- the CLI --------------------------------------------------------------------------
@@ -419,11 +487,79 @@ def test_diagram_same_path_twice(capsys, tmp_path):
     assert "--png" in capsys.readouterr().err and not (tmp_path / "m").exists()
 
 
-def test_diagram_unwritable_path_exits_1(capsys, tmp_path):
-    assert run_cli(["diagram", "--svg", str(tmp_path / "no" / "m.svg")]) == 1
+@pytest.mark.parametrize("option", ["--svg", "--png", "--dot"])
+def test_diagram_path_in_a_missing_directory_is_a_usage_error(capsys, tmp_path, option):
+    path = str(tmp_path / "no" / "m.out")
+    assert run_cli(["diagram", option, path]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert err == [f"pagetrace: invalid value for {option}: {path!r}: directory {str(tmp_path / 'no')!r} does not exist"]
+    assert captured.out == "" and list(tmp_path.iterdir()) == []
+
+
+def test_diagram_svg_under_a_nonexistent_root_directory(capsys):
+    assert run_cli(["diagram", "--svg", "/nonexistent/x.svg"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("pagetrace: cannot write ")
+    assert len(err) == 1 and err[0].startswith("pagetrace: invalid value for --svg: '/nonexistent/x.svg': ")
+    assert "does not exist" in err[0]
+
+
+def test_diagram_unwritable_directory_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    # root may write anywhere, so the refusal is simulated, not made with chmod
+    monkeypatch.setattr(dg.os, "access", lambda p, mode, **kw: False if Path(p) == locked else real_access(p, mode, **kw))
+    svg = str(tmp_path / "ok.svg")
+    assert run_cli(["diagram", "--svg", svg, "--png", str(locked / "m.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pagetrace: invalid value for --png: ") and "is not writable" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["locked"] and list(locked.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "make, option, reason",
+    [
+        (lambda d: dict(svg=""), "--svg", "is empty"),
+        (lambda d: dict(svg=d / "m", png=d / "m"), "--png", "is the same file as --svg"),
+        (lambda d: dict(dot=d / "missing" / "m.dot"), "--dot", "does not exist"),
+        (lambda d: dict(png=d / "afile" / "m.png"), "--png", "is not a directory"),
+        (lambda d: dict(svg=d / "adir"), "--svg", "is a directory"),
+    ],
+)
+def test_check_output_paths(tmp_path, make, option, reason):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    paths = dict(svg=None, png=None, dot=None) | make(tmp_path)
+    with pytest.raises(UsageError) as err:
+        dg.check_output_paths(**paths)
+    assert err.value.option == option and reason in err.value.reason
+    dg.check_output_paths(tmp_path / "m.svg", str(tmp_path / "m.png"), "m.dot")  # a bare name is in the working directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
+
+
+def test_paths_are_checked_before_any_rendering(tmp_path, monkeypatch):
+    from pagetrace.commands.diagram import save_diagrams
+
+    def no_engine():
+        raise AssertionError("looked for an engine before checking the paths")
+
+    monkeypatch.setattr(dg, "find_engine", no_engine)
+    with pytest.raises(UsageError, match="--dot"):
+        save_diagrams(worked_view(), str(tmp_path / "m.svg"), None, str(tmp_path / "no" / "m.dot"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stderr_lines_are_not_wrapped_or_marked_up(capsys, tmp_path):
+    """Rich wraps at 80 columns when stderr is not a terminal: each message stays one line, as written."""
+    folder = tmp_path / ("a-long-folder-name-" * 5 + "[bold]:smile:")
+    folder.mkdir()
+    dot = str(folder / "m.dot")
+    assert run_cli(["diagram", "--tokens", "100", "--table", "1,1,1,1,1,1,1", "--dot", dot]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(len(line) > 80 for line in err)
+    assert err[0].startswith("warning: sequence 0 maps physical block(s) [1] more than once") and err[0].endswith("in the cache")
+    assert err[1] == f"wrote {dot}"
 
 
 def test_diagram_no_engine_exits_1(capsys, tmp_path, monkeypatch):
@@ -479,9 +615,9 @@ def test_lookup_json_lists_the_diagrams(capsys, tmp_path, engine):
 
 
 def test_lookup_with_a_bad_path(capsys, tmp_path):
-    assert run_cli(["lookup", "--dot", str(tmp_path / "no" / "l.dot")]) == 1
+    assert run_cli(["lookup", "--dot", str(tmp_path / "no" / "l.dot")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "cannot write" in err[0]
+    assert len(err) == 1 and err[0].startswith("pagetrace: invalid value for --dot: ") and "does not exist" in err[0]
 
 
 # -- the committed examples ------------------------------------------------------------

@@ -24,19 +24,21 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     """Write the requested files; None when none was requested.
 
     Returns {"written": [paths], "engine": {"name", "path"} or None (DOT only)}, and says
-    on stderr what it wrote unless `quiet`.
+    on stderr what it wrote unless `quiet`. Paths that cannot be written are a UsageError
+    (`check_output_paths`; `run` calls it before its kernel run as well).
     """
     if svg is None and png is None and dot is None:
         return None
     from ..cli import stderr_console
-    from ..diagram import find_engine, write_diagrams
+    from ..diagram import check_output_paths, find_engine, write_diagrams
 
+    check_output_paths(svg, png, dot)
     engine = find_engine() if (svg is not None or png is not None) else None
     written = write_diagrams(view, svg=svg, png=png, dot=dot, engine=engine)
     if not quiet:
         by = f" (rendered by {engine[0]})" if engine else ""
         for path in written:
-            stderr_console().print(f"wrote {path}{by if path != dot else ''}", markup=False)
+            stderr_console().print(f"wrote {path}{by if path != dot else ''}", markup=False, emoji=False, soft_wrap=True)
     return {"written": written, "engine": None if engine is None else {"name": engine[0], "path": engine[1]}}
 
 
@@ -58,17 +60,18 @@ def diagram(
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..diagram import layout_cells, terminal_mapping
+    from ..diagram import check_output_paths, layout_cells, terminal_mapping
     from ..errors import UsageError
     from ..plan import plan_tables
 
+    check_output_paths(svg, png, dot)
     seq_lens = parse_int_list(tokens, "--tokens")
     tables = None if not table else [parse_int_list(t, "--table") for t in table]
     if token is None and seq != 0:
         raise UsageError("--seq", seq, "picks the sequence of --token; give --token too")
     plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
     for warning in plan.warnings:
-        stderr_console().print(f"warning: {warning}", markup=False)
+        stderr_console().print(f"warning: {warning}", markup=False, emoji=False, soft_wrap=True)
     view = MappingView(
         block_size=plan.block_size,
         num_blocks=plan.num_blocks,

@@ -218,7 +218,7 @@ def run(
     check_output_paths(svg, png, dot)
     err = stderr_console()
     for warning in setup.plan.warnings:
-        err.print(f"warning: {warning}", style="bold red", markup=False, soft_wrap=True)
+        err.print(f"warning: {warning}", style="bold red", markup=False, emoji=False, soft_wrap=True)
     result = execute(setup, all_rows=json_output, status=err.status)
 
     view = MappingView(
