@@ -3,14 +3,7 @@ import subprocess
 import sys
 
 import pytest
-
-from pagetrace.cli import run_cli
-
-
-def cli(capsys, *args):
-    code = run_cli(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import assert_usage_error, cli
 
 
 def test_lookup_worked_example(capsys):
@@ -60,11 +53,7 @@ def test_lookup_json_vllm(capsys):
     ],
 )
 def test_lookup_bad_input_is_one_line_exit_2(capsys, args, option):
-    code, out, err = cli(capsys, "lookup", *args)
-    assert code == 2, err
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and option in lines[0] and "Traceback" not in err
+    assert_usage_error(cli(capsys, "lookup", *args), option)
 
 
 def test_capacity_is_named(capsys):

@@ -1,15 +1,7 @@
 import json
 
 import pytest
-from conftest import ON_GPU
-
-from pagetrace.cli import run_cli
-
-
-def cli(capsys, *args):
-    code = run_cli(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import ON_GPU, assert_usage_error, cli
 
 
 def test_run_reproduces_the_worked_example(capsys):
@@ -90,14 +82,23 @@ def test_failed_check_exits_1(capsys, monkeypatch):
         (["--backend", "triton", "--device", "cpu"], "--backend"),
         (["--device", "tpu"], "--device"),
         (["--tokens", "2000000", "--num-blocks", "9000000", "--head-dim", "4096", "--backend", "torch"], "--num-blocks"),
+        (["--scale", "inf"], "--scale"),
+        (["--scale", "1e38"], "--scale"),
+        (["--rows", "²"], "--rows"),
+        (["--seed", "99999999999999999999999"], "--seed"),
+        (["--heads", "99999999999999999"], "--heads"),
+        (["--heads", "0"], "--heads"),
+        (["--kv-heads", "0"], "--kv-heads"),
+        (["--seq", "3"], "--seq"),
+        (["--device", "cuda:7"], "--device"),
+        (["--tokens", "100000000000"], "--tokens"),
+        (["--num-blocks", "1000000000"], "--num-blocks"),
+        (["--head-dim", "4096", "--backend", "interpret"], "--head-dim"),
+        (["--svg", "/nonexistent-dir/x.svg"], "--svg"),
     ],
 )
 def test_run_bad_input_is_one_line_exit_2(capsys, args, option):
-    code, out, err = cli(capsys, "run", *args)
-    assert code == 2, err
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and option in lines[0] and "Traceback" not in err
+    assert_usage_error(cli(capsys, "run", *args), option)
 
 
 def test_memory_refusal_says_how_much(capsys):
@@ -165,27 +166,3 @@ def test_rows_limit_is_exact_and_applies_to_coverage(capsys):
 def test_show_heads_are_deduplicated(capsys):
     code, out, _ = cli(capsys, "run", "--tokens", "20", "--heads", "2", "--kv-heads", "2", "--show-heads", "1,1", "--json")
     assert code == 0 and json.loads(out)["shown_heads"] == [1]
-
-
-@pytest.mark.parametrize(
-    "args, option",
-    [
-        (["--scale", "inf"], "--scale"),
-        (["--scale", "1e38"], "--scale"),
-        (["--rows", "²"], "--rows"),
-        (["--seed", "99999999999999999999999"], "--seed"),
-        (["--heads", "99999999999999999"], "--heads"),
-        (["--heads", "0"], "--heads"),
-        (["--kv-heads", "0"], "--kv-heads"),
-        (["--seq", "3"], "--seq"),
-        (["--device", "cuda:7"], "--device"),
-        (["--tokens", "100000000000"], "--tokens"),
-        (["--num-blocks", "1000000000"], "--num-blocks"),
-        (["--head-dim", "4096", "--backend", "interpret"], "--head-dim"),
-        (["--svg", "/nonexistent-dir/x.svg"], "--svg"),
-    ],
-)
-def test_run_more_bad_input(capsys, args, option):
-    code, out, err = cli(capsys, "run", *args)
-    assert code == 2, err
-    assert out == "" and len(err.strip().splitlines()) == 1 and option in err
