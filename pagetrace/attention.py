@@ -156,10 +156,10 @@ def paged_attention(
         ``(output, trace)`` when ``trace=True``. num_heads must be a multiple of
         num_kv_heads; query head h reads KV head h // (num_heads // num_kv_heads).
     """
+    lens, num_kv_heads = check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout)
     head_dim = query.shape[-1]
     if scale is None:
         scale = head_dim**-0.5
-    lens, num_kv_heads = check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout)
     chosen = resolve_backend(backend, query.device, lens, query.shape[1], num_kv_heads)
     if chosen == "torch":
         return _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace)
@@ -168,6 +168,7 @@ def paged_attention(
     on_gpu = chosen == "triton"
     block_n = block_n or (gpu_block_n(head_dim, query.element_size()) if on_gpu else INTERPRET_BLOCK_N)
     partition_size = partition_size or max(GPU_PARTITION if on_gpu else INTERPRET_PARTITION, block_n)
+    check_tiles(partition_size, block_n)
     try:
         out, _, ktrace = kernel.launch(
             query, key_cache, value_cache, block_tables, seq_lens,
@@ -189,9 +190,17 @@ def check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout: 
     kernel fault and the interpreter read garbage, so they are checked here, on the host.
     """
     lay = get_layout(layout, option="layout")
-    if query.dim() != 3:
-        raise UsageError("query", tuple(query.shape), "must be [num_seqs, num_heads, head_dim]")
+    if query.dim() != 3 or 0 in query.shape:
+        raise UsageError("query", tuple(query.shape), "must be [num_seqs, num_heads, head_dim], each at least 1")
     num_seqs, num_heads, head_dim = query.shape
+    if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise UsageError("query", str(query.dtype), "the kernel takes float32, float16 or bfloat16")
+    for name, tensor in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if tensor.dtype != query.dtype:
+            raise UsageError(name, str(tensor.dtype), f"must have the query's dtype, {query.dtype}")
+    devices = {t.device for t in (query, key_cache, value_cache, block_tables, seq_lens)}
+    if len(devices) > 1:
+        raise UsageError("query", str(query.device), f"all tensors must be on one device, got {sorted(map(str, devices))}")
     for name, cache, axes in (("key_cache", key_cache, lay.key_axes), ("value_cache", value_cache, lay.value_axes)):
         if cache.dim() != len(axes):
             raise UsageError(name, tuple(cache.shape), f"the '{layout}' layout has axes {axes}")
@@ -222,6 +231,13 @@ def check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout: 
         s, b = (int(i) for i in torch.nonzero(bad)[0])
         raise UsageError("block_tables", int(block_tables[s, b]), f"sequence {s} maps logical block {b} outside the pool of {num_blocks} blocks")
     return lens, num_kv_heads
+
+
+def check_tiles(partition_size: int, block_n: int) -> None:
+    if block_n < 16 or block_n & (block_n - 1):
+        raise UsageError("block_n", block_n, "must be a power of two >= 16 (tl.dot's minimum)")
+    if partition_size < 1 or partition_size % block_n:
+        raise UsageError("partition_size", partition_size, f"must be a positive multiple of block_n ({block_n})")
 
 
 def _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace):

@@ -29,6 +29,7 @@ MAX_BLOCK_SIZE = 1 << 16
 MAX_HEAD_DIM = 1 << 14
 MAX_HEADS = 1 << 12
 MAX_SEQS = 65535  # a CUDA grid's y and z axes stop there
+MAX_TOKENS = 2**31 - 1  # seq_lens are int32
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import html
+import math
 import os
 import shutil
 import sys
@@ -104,8 +105,8 @@ def _seq_colours(s: int) -> tuple[str, str]:
 
 
 def mass_class(mass_per_block: float, max_block_mass: float) -> int:
-    """Which of the 9 shades a block (or the mean block of a run) gets."""
-    if max_block_mass <= 0:
+    """Which of the 9 shades a block (or the mean block of a run) gets; NaN gets none."""
+    if not (math.isfinite(mass_per_block) and math.isfinite(max_block_mass)) or max_block_mass <= 0:
         return 0
     return max(0, min(len(MASS_FILL) - 1, int(mass_per_block / max_block_mass * len(MASS_FILL))))
 
@@ -513,7 +514,7 @@ def check_output_paths(
     _check_paths(requested)
     for option, path in requested.items():
         target = Path(path)
-        if target.is_dir():
+        if path.endswith(("/", os.sep)) or target.is_dir():
             raise UsageError(option, path, "is a directory; give a file path")
         parent = target.parent
         if not parent.exists():
@@ -546,6 +547,11 @@ def write_diagrams(
         engine = engine or find_engine()
         if engine is None:
             dot_path = requested.get("--dot") or str(Path(images[0][0]).with_suffix(".dot"))
+            if "--dot" not in requested and Path(dot_path).exists():
+                raise RuntimeFailure(
+                    f"no Graphviz engine: neither `dot` (system Graphviz) nor `graphviz-pure` runs here, and {dot_path}"
+                    " exists already; pass --dot PATH to save the DOT source and render it elsewhere"
+                )
             write_files([(dot_path, source.encode("utf-8"))])
             import shlex
 

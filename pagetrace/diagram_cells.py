@@ -12,6 +12,7 @@ pool: the used blocks are walked in order and each free run is stepped over whol
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -173,6 +174,7 @@ def check_view(view: MappingView) -> list[int]:
         needed.append(n)
     if view.show_slots and bs > MAX_SLOTS_BLOCK_SIZE:
         raise UsageError("--slots", bs, f"slots are drawn for block sizes up to {MAX_SLOTS_BLOCK_SIZE}; use --no-slots")
+    _traced(view)  # the highlighted --seq/--token exist
     return needed
 
 
@@ -243,7 +245,7 @@ def layout_cells(view: MappingView, max_seq_cells: int = MAX_SEQ_CELLS) -> Cells
         owners=owners,
         used_blocks=len(owners),
         shared_blocks=sum(1 for o in owners.values() if len(o) > 1),
-        max_block_mass=max(masses) if masses else None,
+        max_block_mass=max((m for m in masses if math.isfinite(m)), default=None) if masses else None,
     )
 
 

@@ -226,6 +226,7 @@ def launch(
     devices = {t.device for t in (query, key_cache, value_cache, block_tables, seq_lens)}
     assert len(devices) == 1, f"all tensors must be on one device, got {devices}"
     device = query.device
+    seq_lens = seq_lens.contiguous()  # both kernels read seq_lens[seq] with stride 1
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     num_parts = triton.cdiv(max_seq_len, partition_size)

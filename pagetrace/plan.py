@@ -12,7 +12,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_SEQS, blocks_needed, cdiv, check_size, check_table
+from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_SEQS, MAX_TOKENS, blocks_needed, cdiv, check_size, check_table
 from .errors import UsageError
 
 WORKED_EXAMPLE_TABLE = [7, 2, 15]
@@ -49,8 +49,8 @@ def plan_tables(
     if len(seq_lens) > MAX_SEQS:
         raise UsageError("--tokens", f"{len(seq_lens)} sequences", f"at most {MAX_SEQS:,} sequences")
     for n in seq_lens:
-        if n < 1:
-            raise UsageError("--tokens", text, f"sequence length {n} must be at least 1")
+        if not 1 <= n <= MAX_TOKENS:
+            raise UsageError("--tokens", text, f"sequence length {n} must be in 1..{MAX_TOKENS:,}")
     if num_blocks is not None:
         check_size("--num-blocks", num_blocks, MAX_BLOCKS)
     needed = [blocks_needed(n, block_size) for n in seq_lens]

@@ -12,13 +12,26 @@ from .lookup import TokenTrace
 HIGHLIGHT = "bold black on yellow"
 
 
+STRIP_ENTRIES = 12  # a longer table shows its start, its end and the highlighted entry
+
+
 def block_table_strip(table: list[int], highlight: int | None, title: str = "block table") -> Table:
     """The block table as one row of logical -> physical entries, one entry highlighted."""
+    n = len(table)
+    shown = set(range(n)) if n <= STRIP_ENTRIES else set(range(3)) | set(range(n - 3, n))
+    if highlight is not None:
+        shown |= {b for b in (highlight - 1, highlight, highlight + 1) if 0 <= b < n}
     strip = Table(title=title, title_justify="left", show_header=True, header_style="dim", box=None, padding=(0, 1))
     strip.add_column("logical", style="dim", justify="right")
-    for logical in range(len(table)):
+    cells: list[Text] = []
+    previous = -1
+    for logical in sorted(shown):
+        if logical != previous + 1:
+            strip.add_column("…", justify="center")
+            cells.append(Text(f"{logical - previous - 1} more", style="dim"))
         strip.add_column(str(logical), justify="right")
-    cells = [Text(str(p), style=HIGHLIGHT if i == highlight else "") for i, p in enumerate(table)]
+        cells.append(Text(str(table[logical]), style=HIGHLIGHT if logical == highlight else ""))
+        previous = logical
     strip.add_row("physical", *cells)
     return strip
 

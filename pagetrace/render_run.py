@@ -40,6 +40,8 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | 
     previous = -1
     for row in seq.rows:
         t = row.token
+        if t not in seq.head_rows[head_pos]:
+            continue
         if t != previous + 1:
             table.add_row(*hidden_rows(t - previous - 1))
         style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else None
@@ -54,14 +56,15 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | 
     return table
 
 
-def spans_to_show(masses: list[float], limit: int | None) -> list[int]:
-    """Logical blocks to list: all when they fit, else the first, the last and the heaviest."""
+def spans_to_show(masses: list[float], limit: int | None, traced: int | None = None) -> list[int]:
+    """Logical blocks to list: all when they fit, else the first, the last and the
+    heaviest, `limit` in all, plus the traced token's block."""
     n = len(masses)
     if limit is None or n <= limit:
         return list(range(n))
     edge = limit // 3
     heavy = sorted(range(n), key=lambda b: -masses[b] if math.isfinite(masses[b]) else 1.0)[: limit - 2 * edge]
-    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy))
+    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy) | ({traced} if traced is not None else set()))
 
 
 def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int], limit: int | None) -> Table:
@@ -69,7 +72,8 @@ def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int],
     table.add_column()
     table.add_column(justify="right")
     previous = -1
-    for b in spans_to_show(seq.block_mass, limit):
+    traced_block = seq.traced // block_size if seq.traced is not None else None
+    for b in spans_to_show(seq.block_mass, limit, traced_block):
         if b != previous + 1:
             table.add_row(*hidden_rows(b - previous - 1, "blocks", columns=2))
         previous = b

@@ -49,8 +49,10 @@ class SequenceReport:
     table: list[int]  # the blocks the sequence uses
     spans: list[BlockSpan]
     heads: list[HeadSummary]
-    rows: list[Row]  # sorted by token: all of them, or the ones to show
+    rows: list[Row]  # sorted by token: all of them, or the ones some table shows
     block_mass: list[float]  # attention mass per logical block, mean over all query heads
+    head_rows: list[set[int]] = field(default_factory=list)  # per shown head: the tokens its table shows
+    traced: int | None = None  # the --token of this sequence
 
 
 @dataclass
@@ -98,17 +100,20 @@ def compare(output: torch.Tensor, expected: torch.Tensor, dtype: str) -> tuple[f
     return worst, tol, passed
 
 
-def rows_to_show(n: int, weights: torch.Tensor, limit: int | None) -> list[int]:
-    """Token indices to print: all when they fit, else the first, the last and the heaviest."""
+def rows_to_show(n: int, weights: torch.Tensor, limit: int | None, traced: int | None = None) -> set[int]:
+    """Token indices to print: all when they fit, else the first, the last and the
+    heaviest, `limit` in all, plus the traced token."""
     if limit is None or n <= limit:
-        return list(range(n))
+        return set(range(n))
     edge = limit // 3
     heavy = torch.topk(weights.nan_to_num(nan=-1.0), limit - 2 * edge).indices.tolist()
-    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy))
+    shown = set(range(edge)) | set(range(n - edge, n)) | set(heavy)
+    return shown | ({traced} if traced is not None else set())
 
 
 def build_report(
-    plan: Plan, trace, output: torch.Tensor, shown_heads: list[int], limit: int | None = None, all_rows: bool = True
+    plan: Plan, trace, output: torch.Tensor, shown_heads: list[int], limit: int | None = None, all_rows: bool = True,
+    traced: tuple[int, int] | None = None,
 ) -> list[SequenceReport]:
     reports = []
     logits = trace.logits.cpu()
@@ -123,10 +128,9 @@ def build_report(
             HeadSummary(h, float(w[h].max()), int(w[h].nan_to_num(nan=-1.0).argmax()), float(out[s, h].norm()), float(trace.lse[s, h]))
             for h in range(w.shape[0])
         ]
-        if all_rows:
-            tokens = list(range(n))
-        else:
-            tokens = sorted(set().union(*(rows_to_show(n, w[h], limit) for h in shown_heads)))
+        token = traced[1] if traced is not None and traced[0] == s else None
+        head_rows = [rows_to_show(n, w[h], limit, token) for h in shown_heads]
+        tokens = list(range(n)) if all_rows else sorted(set().union(*head_rows))
         index = torch.tensor(tokens, dtype=torch.long)
         shown_logits = logits[s][shown_heads][:, index].T.tolist()
         shown_weights = w[shown_heads][:, index].T.tolist()
@@ -140,5 +144,5 @@ def build_report(
         per_token = w.mean(dim=0)
         cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), per_token.double().cumsum(0)])
         mass = [float(cumulative[span.last_token + 1] - cumulative[span.first_token]) for span in spans]
-        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass))
+        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token))
     return reports

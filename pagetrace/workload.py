@@ -45,20 +45,28 @@ def padded_block_tables(tables: list[list[int]], device: str | torch.device = "c
     return torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
 
 
-def check_memory(geom: CacheGeometry, device: torch.device, option: str, value: object) -> None:
-    """Refuse, before allocating, a cache that cannot fit where it is going."""
+def run_extra_bytes(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, json_rows: bool) -> int:
+    """Bytes a traced, checked run needs beside the cache: the trace (fp32 logits and
+    weights, slots, partitions), the float64 reference (one sequence's gathered K and V at
+    a time, every sequence's logits and weights), and with --json a Python row per token."""
+    s, l = len(seq_lens), max(seq_lens)
+    per_token = s * l * (num_heads * 32 + 12 + (300 + 48 * num_heads if json_rows else 0))
+    return per_token + 16 * l * num_kv_heads * head_dim
+
+
+def check_memory(geom: CacheGeometry, device: torch.device, option: str, value: object, extra: int = 0) -> None:
+    """Refuse, before allocating, a cache (and `extra` working bytes) that cannot fit where it is going."""
     need = cache_bytes(geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim, geom.element_size)
+    what = f"the KV cache needs {human_bytes(need)}" + (f" and the run {human_bytes(extra)} more" if extra else "")
     # the draw happens in fp32 on the CPU, one cache at a time, before the cast and the copy
-    host_need = need // 2 * 4 // geom.element_size + (need if device.type == "cpu" else 0)
+    host_need = need // 2 * 4 // geom.element_size + (need + extra if device.type == "cpu" else 0)
     host_free = available_memory_bytes()
     if host_free is not None and host_need > host_free:
-        raise UsageError(
-            option, value, f"the KV cache needs {human_bytes(need)} ({human_bytes(host_need)} while it is drawn); only {human_bytes(host_free)} of memory is available"
-        )
+        raise UsageError(option, value, f"{what} ({human_bytes(host_need)} on the host); only {human_bytes(host_free)} of memory is available")
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        if need > free:
-            raise UsageError(option, value, f"the KV cache needs {human_bytes(need)}; the GPU has {human_bytes(free)} free")
+        if need + extra > free:
+            raise UsageError(option, value, f"{what}; the GPU has {human_bytes(free)} free")
 
 
 def make_workload(

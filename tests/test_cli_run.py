@@ -160,9 +160,51 @@ def test_rows_limit_is_exact_and_applies_to_coverage(capsys):
     code, out, err = cli(capsys, "run", "--tokens", "3000", "--rows", "1", "--backend", "torch", "--device", "cpu")
     assert code == 0, err
     table = out.split("sequence 0: 3000 tokens")[1].split("block coverage")[0]
-    assert table.count("rows hidden") == 2 and "blocks hidden" in out
+    rows = [line.split()[0] for line in table.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == 2 and "20" in rows  # the heaviest row, and the traced token 20
+    assert table.count("rows hidden") == 3 and "blocks hidden" in out
 
 
 def test_show_heads_are_deduplicated(capsys):
     code, out, _ = cli(capsys, "run", "--tokens", "20", "--heads", "2", "--kv-heads", "2", "--show-heads", "1,1", "--json")
     assert code == 0 and json.loads(out)["shown_heads"] == [1]
+
+
+def test_a_nan_result_with_diagrams_still_prints_and_fails_cleanly(capsys, monkeypatch, tmp_path):
+    from pagetrace import attention
+    from pagetrace.diagram import find_engine
+
+    if find_engine() is None:
+        pytest.skip("no Graphviz engine")
+    real = attention.paged_attention
+
+    def poisoned(*args, **kwargs):
+        out, trace = real(*args, **kwargs)
+        out[0, 0, 0] = float("nan")
+        trace.logits[0, 0, 3] = float("nan")
+        return out, trace
+
+    monkeypatch.setattr(attention, "paged_attention", poisoned)
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--json", "--svg", str(tmp_path / "p.svg"), "--dot", str(tmp_path / "p.dot"))
+    assert code == 1 and "differs from contiguous attention" in err and "internal error" not in err
+    assert json.loads(out)["checks"]["passed"] is False and (tmp_path / "p.svg").exists()
+
+
+def test_rows_are_per_table_and_the_traced_token_is_always_shown(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "300", "--heads", "4", "--kv-heads", "2", "--rows", "3", "--backend", "torch")
+    assert code == 0, err
+    tables = out.split("query head ")[1:]
+    assert len(tables) == 4
+    for table in tables:
+        body = table.split("block coverage")[0].splitlines()[1:]  # past the title's head number
+        rows = [line.split()[0] for line in body if line.strip()[:1].isdigit()]
+        assert len(rows) == 4 and "20" in rows  # 3 rows + the traced token 20
+    code, out, err = cli(capsys, "run", "--tokens", "5000", "--token", "1234", "--rows", "6", "--backend", "torch")
+    assert code == 0, err
+    assert "◀ traced" in out and any(line.split()[:1] == ["1234"] for line in out.splitlines())
+    assert "logical block 77 -> physical block" in out  # the traced token's block, in the coverage list
+
+
+def test_run_working_memory_is_refused_before_allocating(capsys):
+    code, _, err = cli(capsys, "run", "--tokens", "400000", "--heads", "4096", "--head-dim", "1", "--backend", "torch")
+    assert code == 2 and "--tokens" in err and "the run" in err and len(err.strip().splitlines()) == 1

@@ -638,3 +638,19 @@ def test_gqa_example_shares_its_prompt(engine):
     assert svg.ids("traced") == {"e_s1_l1"} and svg.lands_in("e_s1_l1", "p9")
     for seq in view.sequences:
         assert sum(seq.attention_mass) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_warning_and_a_usage_error_give_one_line(capsys):
+    from pagetrace.cli import run_cli
+
+    code = run_cli(["diagram", "--tokens", "38", "--table", "7,7,7", "--token", "40"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--token" in err
+
+
+def test_a_directory_path_is_refused_up_front(capsys, tmp_path):
+    from pagetrace.cli import run_cli
+
+    code = run_cli(["lookup", "--svg", str(tmp_path / "newdir") + "/"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--svg" in err and len(err.strip().splitlines()) == 1

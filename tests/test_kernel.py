@@ -198,3 +198,29 @@ def test_interpreter_after_triton_import_is_a_clear_failure():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120).stdout
     assert "refused:" in out and "TRITON_INTERPRET=1" in out
+
+
+def test_api_reads_seq_lens_through_their_strides():
+    w = _inputs()
+    strided = torch.stack([w.seq_lens, torch.full_like(w.seq_lens, 10**6)], dim=1)[:, 0]
+    assert not strided.is_contiguous()
+    out = paged_attention(w.query, w.key_cache, w.value_cache, w.block_tables, strided, backend=KERNEL_BACKEND)
+    ref = paged_attention(w.query, w.key_cache, w.value_cache, w.block_tables, w.seq_lens, backend="torch")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_api_refuses_mismatched_dtypes_devices_and_tiles():
+    from pagetrace.errors import UsageError
+
+    w = _inputs()
+    args = (w.query, w.key_cache, w.value_cache, w.block_tables, w.seq_lens)
+    with pytest.raises(UsageError, match="dtype"):
+        paged_attention(w.query.half(), *args[1:], backend=KERNEL_BACKEND)
+    with pytest.raises(UsageError, match="float32, float16 or bfloat16"):
+        paged_attention(w.query.double(), w.key_cache.double(), w.value_cache.double(), *args[3:], backend=KERNEL_BACKEND)
+    with pytest.raises(UsageError, match="block_n"):
+        paged_attention(*args, backend=KERNEL_BACKEND, block_n=8)
+    with pytest.raises(UsageError, match="partition_size"):
+        paged_attention(*args, backend=KERNEL_BACKEND, partition_size=100, block_n=16)
+    with pytest.raises(UsageError, match="each at least 1"):
+        paged_attention(w.query[:0], *args[1:3], w.block_tables[:0], w.seq_lens[:0], backend=KERNEL_BACKEND)

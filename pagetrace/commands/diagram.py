@@ -60,7 +60,7 @@ def diagram(
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..diagram import check_output_paths, layout_cells, terminal_mapping
+    from ..diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
     from ..plan import plan_tables
 
@@ -70,8 +70,6 @@ def diagram(
     if token is None and seq != 0:
         raise UsageError("--seq", seq, "picks the sequence of --token; give --token too")
     plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
-    for warning in plan.warnings:
-        stderr_console().print(f"warning: {warning}", markup=False, emoji=False, soft_wrap=True)
     view = MappingView(
         block_size=plan.block_size,
         num_blocks=plan.num_blocks,
@@ -79,9 +77,12 @@ def diagram(
         highlight=None if token is None else (seq, token),
         show_slots=slots,
     )
-    cells = layout_cells(view)  # validates --token/--seq before anything is written
+    check_view(view)  # --token/--seq, before any warning or file
+    for warning in plan.warnings:
+        stderr_console().print(f"warning: {warning}", markup=False, emoji=False, soft_wrap=True)
     saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     if json_output:
+        cells = layout_cells(view)
         emit_json(
             {
                 "written": saved["written"] if saved else [],

@@ -94,7 +94,7 @@ class RunSetup:
 def prepare(
     tokens: str, table: list[str] | None, block_size: int, head_dim: int, heads: int, kv_heads: int,
     num_blocks: int | None, dtype: str, layout: str | None, seed: int, scale: float | None, token: int | None,
-    seq: int, rows: str, show_heads: str | None, backend: str, device: str,
+    seq: int, rows: str, show_heads: str | None, backend: str, device: str, json_rows: bool = False,
 ) -> RunSetup:
     from ..layouts import make_geometry
     from ..plan import plan_tables
@@ -110,7 +110,7 @@ def prepare(
     plan = plan_tables(seq_lens, tables, block_size, num_blocks, seed)
     if layout is None:
         layout = "blocks" if kv_heads == 1 else "nhd"
-    make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)
+    geom = make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)
     if dtype == "fp8":
         raise UsageError("--dtype", dtype, "the kernel runs on fp32, fp16 or bf16 caches (fp8 is for lookup's addresses)")
     if heads % kv_heads:
@@ -129,11 +129,14 @@ def prepare(
     chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads)
     if chosen != "torch" and head_dim > KERNEL_MAX_HEAD_DIM:
         raise UsageError("--head-dim", head_dim, f"the kernel takes head_dim up to {KERNEL_MAX_HEAD_DIM}; use --backend torch")
+    from ..workload import check_memory, run_extra_bytes
+
+    memory_option = ("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens)
+    check_memory(geom, dev, *memory_option, extra=run_extra_bytes(seq_lens, heads, kv_heads, head_dim, json_rows))
     return RunSetup(
         tokens_text=tokens, plan=plan, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout,
         seed=seed, scale=head_dim**-0.5 if scale is None else scale, token=token, seq=seq, limit=limit,
-        shown_heads=shown_heads, device=dev, backend=chosen,
-        memory_option=("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens),
+        shown_heads=shown_heads, device=dev, backend=chosen, memory_option=memory_option,
     )
 
 
@@ -180,7 +183,8 @@ def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
             for s, n in enumerate(plan.seq_lens)
         )
         checks = Checks(max_diff, tol, passed, check_slots(plan, trace.slots), logit_diff)
-        reports = build_report(plan, trace, output, setup.shown_heads, setup.limit, all_rows=all_rows)
+        traced = (setup.seq, setup.token) if setup.token is not None else None
+        reports = build_report(plan, trace, output, setup.shown_heads, setup.limit, all_rows=all_rows, traced=traced)
     key_norm = None
     if setup.token is not None:
         keys = gather(work.key_cache, setup.layout, "key", plan.tables[setup.seq], plan.seq_lens[setup.seq], plan.block_size)
@@ -214,7 +218,7 @@ def run(
     from ..cli import emit_json, stderr_console, stdout_console
     from ..diagram import MappingView, SequenceMap, check_output_paths
 
-    setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device)
+    setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output)
     check_output_paths(svg, png, dot)
     err = stderr_console()
     for warning in setup.plan.warnings:
@@ -227,16 +231,20 @@ def run(
         sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass) for r in result.reports],
         highlight=(setup.seq, setup.token) if setup.token is not None else None,
     )
-    saved = save_diagrams(view, svg, png, dot, quiet=json_output)
+    saved, diagram_failure = None, None
+    try:
+        saved = save_diagrams(view, svg, png, dot, quiet=json_output)
+    except RuntimeFailure as exc:  # the run's result is still worth printing
+        diagram_failure = exc
     if json_output:
         document = run_json(result)
-        if saved is not None:
-            document["diagrams"] = saved["written"]
+        if svg or png or dot:
+            document["diagrams"] = saved["written"] if saved else []
         emit_json(document)
     else:
         console = stdout_console()
         console.print(render(result))
-        if saved is None:
+        if saved is None and diagram_failure is None:
             from ..diagram import terminal_mapping
 
             console.print(terminal_mapping(view))
@@ -256,6 +264,8 @@ def run(
         raise RuntimeFailure(
             f"paged attention differs from contiguous attention: max |diff| {checks.max_abs_diff:.3g} is over the {setup.dtype} tolerance {checks.tolerance:g}"
         )
+    if diagram_failure is not None:
+        raise diagram_failure
 
 
 def render(result: RunResult):
