@@ -7,6 +7,9 @@ Two allocations: "contiguous" (each sequence's own blocks in one run) and "fragm
 (own blocks drawn at random, the worst case for collapsing runs). A third, "sparse 2**22",
 puts the same sequences in the largest pool the CLI takes (4,194,304 blocks), their own
 blocks drawn at random from all of it: the work follows the used blocks, not the pool.
+A fourth, "scattered 2**20", is `pagetrace diagram --tokens 8388608 --num-blocks 1048576`
+without the CLI's plan: one sequence of 524,288 blocks drawn at random from 1,048,576, so
+nearly every block is a run of its own; only the cells drawn become Python objects.
 
     python bench/bench_diagram.py [--repeats 3]
 
@@ -52,6 +55,12 @@ def huge_case(seed: int = 0) -> MappingView:
     )
 
 
+def scattered_case(seed: int = 0) -> MappingView:
+    """One table of 524,288 blocks sampled from a pool of 1,048,576: half a million runs."""
+    table = random.Random(seed).sample(range(1 << 20), 1 << 19)
+    return MappingView(BLOCK_SIZE, 1 << 20, [SequenceMap("seq 0", BLOCK_SIZE << 19, table)], highlight=(0, 5_000_000))
+
+
 def print_terminal(view: MappingView) -> None:
     from rich.console import Console
 
@@ -76,8 +85,8 @@ def main() -> None:
     if engine is None:
         raise SystemExit("no Graphviz engine: pip install graphviz-pure")
     print(f"engine: {engine[0]} ({engine[1]}); median of {args.repeats}")
-    print(f"{'allocation':<13} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'term s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
-    for name, view in (("contiguous", big_case(False)), ("fragmented", big_case(True)), ("sparse 2**22", huge_case())):
+    print(f"{'allocation':<15} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'term s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
+    for name, view in (("contiguous", big_case(False)), ("fragmented", big_case(True)), ("sparse 2**22", huge_case()), ("scattered 2**20", scattered_case())):
         cells = layout_cells(view)
         source = dot_source(view)
         t_layout = median_seconds(lambda: layout_cells(view), args.repeats)
@@ -88,7 +97,7 @@ def main() -> None:
         t_total = median_seconds(lambda: render(dot_source(view), "svg", engine), args.repeats)
         n_cells = cells.logical_cells + len(cells.pool)
         print(
-            f"{name:<13} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_term:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}"
+            f"{name:<15} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_term:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}"
         )
 
 

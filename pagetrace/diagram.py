@@ -24,13 +24,11 @@ loads no torch, Graphviz or subprocess; they are loaded when a diagram is render
 
 from __future__ import annotations
 
-import bisect
 import html
 import math
 import os
 import shutil
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,6 +45,7 @@ from .diagram_cells import (  # the cells model, public from here
     PoolCell,
     SequenceMap,
     Traced,
+    UsedBlocks,
     block_mass,
     check_view,
     layout_cells,
@@ -60,7 +59,7 @@ __all__ = [  # the public API, the cells model (diagram_cells) included
     "Cells", "LogicalCell", "MappingView", "PoolCell", "SequenceMap", "Traced", "block_mass", "build_graph",
     "check_output_paths", "check_view", "dot_source", "engine_candidates", "find_engine",
     "graphviz_pure_engine", "layout_cells", "logical_tooltip", "mass_class", "pool_tooltip", "render",
-    "terminal_mapping", "write_diagrams", "write_files",
+    "terminal_mapping", "UsedBlocks", "write_diagrams", "write_files",
     "AUTO_SLOTS_BLOCK_SIZE", "EMPTY_SLOT", "FONT", "FREE_FILL", "FREE_TEXT", "MASS_DARK_FROM", "MASS_FILL",
     "MAX_POOL_CELLS", "MAX_SEQ_CELLS", "MAX_SLOTS_BLOCK_SIZE", "MIXED_FILL", "PNG_DPI", "POOL_STRIP_BLOCKS",
     "POOL_STRIP_WIDTH", "RENDER_TIMEOUT_S", "SEQ_EDGE", "SEQ_FILL", "SEQ_TAIL_CELLS", "SHARED_FILL",
@@ -624,16 +623,15 @@ def _pool_strip(cells: Cells, Text, highlight: str):
         out.append(f" · {cells.shared_blocks} shared", style="bold")
     if bucket > 1:
         out.append(f"  (1 character = {bucket} blocks)", style="dim")
-    used = sorted(cells.owners)
     chars_per_row = POOL_STRIP_WIDTH
     width = max(6, len(str(view.num_blocks - 1)))  # row labels: the first block of each row
     for i, start in enumerate(range(0, view.num_blocks, bucket)):
         if i % chars_per_row == 0:
             out.append(f"\n{start:>{width}} ", style="dim")
         stop = min(start + bucket, view.num_blocks)
-        # the used blocks of this bucket, found by bisection: free blocks cost nothing
-        in_bucket = used[bisect.bisect_left(used, start) : bisect.bisect_left(used, stop)]
-        out.append(*_pool_char(stop - start, [cells.owners[p] for p in in_bucket], traced is not None and start <= traced < stop, highlight))
+        # the owners of this bucket's used blocks, found by bisection: free blocks cost nothing
+        owners = cells.owners.owner_counts(start, stop)
+        out.append(*_pool_char(stop - start, owners, traced is not None and start <= traced < stop, highlight))
     out.append("\n" + " " * (width + 1))
     for s, seq in enumerate(view.sequences):
         out.append("■", style=_seq_colours(s)[0])
@@ -647,17 +645,17 @@ def _pool_strip(cells: Cells, Text, highlight: str):
     return out
 
 
-def _pool_char(blocks: int, used: list[tuple[int, ...]], traced: bool, highlight: str) -> tuple[str, str]:
-    """The character for `blocks` blocks, `used` being the owners of each used one."""
-    if not used:
+def _pool_char(blocks: int, owners: dict[tuple[int, ...], int], traced: bool, highlight: str) -> tuple[str, str]:
+    """The character for `blocks` blocks, `owners` counting the used ones by their owners."""
+    if not owners:
         char, style = "·", "dim"
     else:
-        counts = Counter(used)
-        key = max(sorted(counts), key=counts.__getitem__)  # the commonest owners; ties: the first
+        used = sum(owners.values())
+        key = max(sorted(owners), key=owners.__getitem__)  # the commonest owners; ties: the first
         if blocks == 1:
             char = "■" if len(key) == 1 else (str(len(key)) if len(key) < 10 else "+")
         else:
-            char = "█" if len(used) == blocks else ("▓" if 2 * len(used) >= blocks else "░")
+            char = "█" if used == blocks else ("▓" if 2 * used >= blocks else "░")
         style = _seq_colours(key[0])[0] if len(key) == 1 else f"bold {SHARED_FILL}"
     if traced:
         style = highlight

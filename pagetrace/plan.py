@@ -69,6 +69,8 @@ def plan_tables(
             )
         made = _draw_tables(needed, pool, seed)
     plan = Plan(list(seq_lens), made, pool, block_size)
+    if tables is None:
+        return plan  # drawn tables are disjoint: nothing shared, nothing repeated
     counts = Counter(p for t, n in zip(made, needed) for p in set(t[:n]))
     plan.shared = {p: c for p, c in sorted(counts.items()) if c > 1}
     for s, (t, n) in enumerate(zip(made, needed)):

@@ -3,9 +3,12 @@ atomic files, the CLI's errors, and the committed examples."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -247,10 +250,25 @@ def views(draw):
     return MappingView(block_size, num_blocks, sequences, highlight=highlight)
 
 
+@contextlib.contextmanager
+def scan(kind: str):
+    """Cells from the plain-Python scan or the NumPy one, whatever the tables' length."""
+    from pagetrace import diagram_cells
+
+    saved = diagram_cells._NUMPY_FROM
+    diagram_cells._NUMPY_FROM = {"python": 10**18, "numpy": 0}[kind]
+    try:
+        yield
+    finally:
+        diagram_cells._NUMPY_FROM = saved
+
+
+@pytest.mark.parametrize("kind", ["python", "numpy"])
 @settings(max_examples=80, deadline=None)
-@given(views())
-def test_cells_partition_the_table_and_the_pool(view):
-    cells = dg.layout_cells(view)
+@given(view=views())
+def test_cells_partition_the_table_and_the_pool(kind, view):
+    with scan(kind):
+        cells = dg.layout_cells(view)
     assert cells.pool[0].first == 0 and cells.pool[-1].last == view.num_blocks - 1
     assert all(a.last + 1 == b.first for a, b in zip(cells.pool, cells.pool[1:]))
     for s, seq in enumerate(cells.sequences):
@@ -272,6 +290,108 @@ def test_cells_partition_the_table_and_the_pool(view):
         assert c.blocks == 1 and c.first == token // view.block_size and c.physical == view.sequences[s].table[c.first]
         [p] = [p for p in cells.pool if p.traced_slot is not None]
         assert (p.first, p.last, p.traced_slot) == (c.physical, c.physical, token % view.block_size)
+
+
+def drawn(view: MappingView, kind: str, limit: int = dg.MAX_SEQ_CELLS) -> tuple[str, str, str]:
+    """Everything a view draws, as text: its cells (with the owners of every used block), DOT and terminal rendering."""
+    from rich.console import Console
+
+    with scan(kind):
+        cells = dg.layout_cells(view, max_seq_cells=limit)
+        console = Console(width=140, record=True, file=io.StringIO(), color_system="truecolor")
+        console.print(dg.terminal_mapping(view))
+        source = dg.dot_source(view)
+    model = (cells.sequences, cells.pool, [(c.port, p.port) for c, p in cells.edges], list(cells.owners.items()), cells.used_blocks, cells.shared_blocks)
+    return repr(model), source, console.export_text(styles=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(view=views(), limit=st.sampled_from([1, 3, dg.MAX_SEQ_CELLS, 40]))
+def test_numpy_and_python_scans_draw_the_same(view, limit):
+    assert drawn(view, "numpy", limit) == drawn(view, "python", limit)
+
+
+def random_big_view(rng: random.Random) -> MappingView:
+    """Up to 5 sequences of up to 3,000 blocks: runs, scattered blocks, repeats and shared prefixes, some with attention mass."""
+    bs = rng.choice([1, 16])
+    nb = rng.choice([rng.randint(2_000, 9_000), 2**22])
+    tables: list[list[int]] = []
+    sequences = []
+    for s in range(rng.randint(1, 5)):
+        n = rng.randint(1, 3_000)
+        mode = rng.randrange(4)
+        if mode == 0:
+            start = rng.randrange(nb)
+            table = [(start + i) % nb for i in range(n)]
+        elif mode == 1 and tables:
+            prefix = rng.choice(tables)[: rng.randint(0, n)]
+            table = prefix + rng.sample(range(nb), n - len(prefix))
+        elif mode == 2:
+            table = [rng.randrange(nb) for _ in range(n)]
+        else:
+            table = rng.sample(range(nb), n)
+        tables.append(table)
+        mass = [rng.random() for _ in range(n)] if rng.random() < 0.3 else None
+        sequences.append(SequenceMap(f"seq {s}", n * bs - rng.randrange(bs), table, attention_mass=mass))
+    s = rng.randrange(len(sequences))
+    highlight = (s, rng.randrange(sequences[s].seq_len)) if rng.random() < 0.7 else None
+    return MappingView(bs, nb, sequences, highlight=highlight, show_slots=rng.choice([None, True]))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_numpy_and_python_scans_draw_the_same_big_tables(seed):
+    view = random_big_view(random.Random(seed))
+    assert drawn(view, "numpy") == drawn(view, "python")
+
+
+def test_numpy_and_python_scans_draw_the_bench_cases_alike():
+    bench = load_script("bench", "bench_diagram")
+    for view in (bench.big_case(False), bench.big_case(True), bench.huge_case()):
+        assert drawn(view, "numpy") == drawn(view, "python")
+
+
+def test_owners_is_a_read_only_mapping():
+    view = shared_view()
+    view.num_blocks = 100  # a big picture: the NumPy scan where asked
+    for kind in ("python", "numpy"):
+        with scan(kind):
+            cells = dg.layout_cells(view)
+        owners = cells.owners
+        assert dict(owners) == {3: (0, 1, 2), 9: (0, 1, 2), 1: (0,), 5: (1, 2), 12: (2,)}, kind
+        assert list(owners) == [1, 3, 5, 9, 12] and len(owners) == 5 and 5 in owners and 4 not in owners and "x" not in owners
+        with pytest.raises(KeyError):
+            owners[4]
+        assert owners.count(0, 6) == 3 and owners.owner_counts(0, 10) == {(0,): 1, (0, 1, 2): 2, (1, 2): 1}
+
+
+def scattered_million_view() -> MappingView:
+    """As `pagetrace diagram --tokens 8388608 --num-blocks 1048576`: 524,288 blocks drawn at random from 1,048,576."""
+    table = random.Random(0).sample(range(2**20), 2**19)
+    return MappingView(16, 2**20, [SequenceMap("seq 0", 2**23, table)], highlight=(0, 5_000_000))
+
+
+def test_a_scattered_table_of_half_a_million_blocks_draws_in_seconds():
+    """Cells are made for what is drawn only: each table is scanned once, with NumPy."""
+    from rich.console import Console
+
+    view = scattered_million_view()
+    console = Console(width=120, record=True, file=io.StringIO())
+    start = time.perf_counter()
+    cells = dg.layout_cells(view)
+    console.print(dg.terminal_mapping(view))
+    source = dg.dot_source(view)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 3.0, f"a scattered table of 524,288 blocks took {elapsed:.2f} s"
+    table = view.sequences[0].table
+    seq = cells.sequences[0]
+    assert [(c.first, c.physical) for c in seq[:6]] == [(i, table[i]) for i in range(6)]
+    assert [c.first for c in seq if c.traced] == [5_000_000 // 16] and [c.first for c in seq[-2:]] == [2**19 - 2, 2**19 - 1]
+    assert sum(c.elided for c in seq) == 2 and len(seq) <= dg.MAX_SEQ_CELLS + 3
+    assert (cells.used_blocks, cells.shared_blocks) == (2**19, 0)
+    assert cells.pool[0].first == 0 and cells.pool[-1].last == 2**20 - 1 and sum(p.used for p in cells.pool) == 2**19
+    assert len(cells.pool) <= 2 * len(cells.edges) + 2 and len(cells.edges) == len(seq) - 2
+    assert source.count(" -> pool:") == len(cells.edges)
+    assert "pool · 1048576 blocks · 524288 used · 524288 free  (1 character = 4096 blocks)" in console.export_text()
 
 
 # -- DOT ---------------------------------------------------------------------------
