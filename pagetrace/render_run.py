@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
+import torch
 from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .report import Checks, SequenceReport
+from .report import Checks, SequenceReport, rows_to_show
 
 BAR_WIDTH = 8
 MAX_STYLE = "bold green"
@@ -56,24 +57,14 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | 
     return table
 
 
-def spans_to_show(masses: list[float], limit: int | None, traced: int | None = None) -> list[int]:
-    """Logical blocks to list: all when they fit, else the first, the last and the
-    heaviest, `limit` in all, plus the traced token's block."""
-    n = len(masses)
-    if limit is None or n <= limit:
-        return list(range(n))
-    edge = limit // 3
-    heavy = sorted(range(n), key=lambda b: -masses[b] if math.isfinite(masses[b]) else 1.0)[: limit - 2 * edge]
-    return sorted(set(range(edge)) | set(range(n - edge, n)) | set(heavy) | ({traced} if traced is not None else set()))
-
-
 def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int], limit: int | None) -> Table:
     table = Table(title="block coverage", title_justify="left", box=None, padding=(0, 1), show_header=False)
     table.add_column()
     table.add_column(justify="right")
     previous = -1
     traced_block = seq.traced // block_size if seq.traced is not None else None
-    for b in spans_to_show(seq.block_mass, limit, traced_block):
+    masses = torch.tensor(seq.block_mass, dtype=torch.float64)
+    for b in sorted(rows_to_show(len(masses), masses, limit, traced_block)):
         if b != previous + 1:
             table.add_row(*hidden_rows(b - previous - 1, "blocks", columns=2))
         previous = b

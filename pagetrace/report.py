@@ -1,7 +1,7 @@
 """What `pagetrace run` found, as plain numbers, checked against the host's arithmetic.
 
 `check_slots` compares the slots the kernel says it read with the block-table lookup
-(`table[t // block_size] * block_size + t % block_size`), token by token; `compare`
+(`reference.slots_of`: `table[t // block_size] * block_size + t % block_size`), token by token; `compare`
 checks the output against contiguous attention; `build_report` turns the trace into
 rows (every token for --json, only the shown ones for the terminal) and summaries.
 Rendering lives in `render_run`.
@@ -16,6 +16,7 @@ import torch
 
 from .blocks import BlockSpan, coverage
 from .plan import Plan
+from .reference import slots_of
 
 # |paged - contiguous| <= TOL * (1 + |contiguous|), per cache dtype (fp32 accumulation)
 TOLERANCES = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1.6e-2}
@@ -68,18 +69,12 @@ class Checks:
         return not self.slot_mismatches
 
 
-def expected_slots(table: list[int], seq_len: int, block_size: int) -> torch.Tensor:
-    """The block-table lookup for every token, vectorised."""
-    t = torch.arange(seq_len)
-    return torch.tensor(table, dtype=torch.int64)[t // block_size] * block_size + t % block_size
-
-
 def check_slots(plan: Plan, slots: torch.Tensor, limit: int = 10) -> list[str]:
     """Each token's slot as the kernel recorded it against the host-side lookup."""
     problems: list[str] = []
     recorded = slots.cpu()
     for s, (n, table) in enumerate(zip(plan.seq_lens, plan.tables)):
-        want = expected_slots(table, n, plan.block_size)
+        want = slots_of(table, n, plan.block_size)
         got = recorded[s, :n]
         for t in torch.nonzero(got != want).flatten()[: limit - len(problems)].tolist():
             problems.append(f"sequence {s} token {t}: kernel read slot {int(got[t])}, block table says {int(want[t])}")
@@ -101,8 +96,8 @@ def compare(output: torch.Tensor, expected: torch.Tensor, dtype: str) -> tuple[f
 
 
 def rows_to_show(n: int, weights: torch.Tensor, limit: int | None, traced: int | None = None) -> set[int]:
-    """Token indices to print: all when they fit, else the first, the last and the
-    heaviest, `limit` in all, plus the traced token."""
+    """Indices to print out of `n` (tokens, or blocks by their mass): all when they fit,
+    else the first, the last and the heaviest, `limit` in all, plus the traced one."""
     if limit is None or n <= limit:
         return set(range(n))
     edge = limit // 3

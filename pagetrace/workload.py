@@ -16,7 +16,7 @@ import torch
 from .errors import UsageError
 from .layouts import CacheGeometry, make_geometry
 from .plan import Plan, available_memory_bytes, cache_bytes, human_bytes
-from .reference import layout_cache
+from .reference import layout_cache, slots_of
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -92,8 +92,7 @@ def make_workload(
     canonical_shape = (plan.num_blocks, plan.block_size, num_kv_heads, head_dim)
     used = torch.zeros(plan.num_blocks * plan.block_size, dtype=torch.bool)
     for table, n in zip(plan.tables, plan.seq_lens):
-        t = torch.arange(n)
-        used[torch.tensor(table)[t // plan.block_size] * plan.block_size + t % plan.block_size] = True
+        used[slots_of(table, n, plan.block_size)] = True
     unused = ~used.view(plan.num_blocks, plan.block_size)
 
     caches = []
