@@ -128,9 +128,9 @@ def test_run_prints_the_terminal_mapping(capsys):
     assert code == 0 and "pool · 16 blocks · 3 used · 13 free" in out and "34.2%" in out
 
 
-def test_a_nan_result_fails_cleanly_and_json_still_appears(capsys, monkeypatch):
-    """A NaN output (what a read of an unused slot gives) must exit 1 with one line, and
-    --json must still print its document, with the non-finite numbers as null."""
+@pytest.fixture
+def nan_result(monkeypatch):
+    """Make the kernel's output and one logit NaN, as a read of an unused slot would."""
     from pagetrace import attention
 
     real = attention.paged_attention
@@ -142,6 +142,11 @@ def test_a_nan_result_fails_cleanly_and_json_still_appears(capsys, monkeypatch):
         return out, trace
 
     monkeypatch.setattr(attention, "paged_attention", poisoned)
+
+
+def test_a_nan_result_fails_cleanly_and_json_still_appears(capsys, nan_result):
+    """A NaN output must exit 1 with one line, and --json must still print its document,
+    with the non-finite numbers as null."""
     code, out, err = cli(capsys, "run", "--tokens", "38")
     assert code == 1 and len(err.strip().splitlines()) == 1 and "differs from contiguous attention" in err
     assert "NOT equal" in out
@@ -170,21 +175,11 @@ def test_show_heads_are_deduplicated(capsys):
     assert code == 0 and json.loads(out)["shown_heads"] == [1]
 
 
-def test_a_nan_result_with_diagrams_still_prints_and_fails_cleanly(capsys, monkeypatch, tmp_path):
-    from pagetrace import attention
+def test_a_nan_result_with_diagrams_still_prints_and_fails_cleanly(capsys, nan_result, tmp_path):
     from pagetrace.diagram import find_engine
 
     if find_engine() is None:
         pytest.skip("no Graphviz engine")
-    real = attention.paged_attention
-
-    def poisoned(*args, **kwargs):
-        out, trace = real(*args, **kwargs)
-        out[0, 0, 0] = float("nan")
-        trace.logits[0, 0, 3] = float("nan")
-        return out, trace
-
-    monkeypatch.setattr(attention, "paged_attention", poisoned)
     code, out, err = cli(capsys, "run", "--tokens", "38", "--json", "--svg", str(tmp_path / "p.svg"), "--dot", str(tmp_path / "p.dot"))
     assert code == 1 and "differs from contiguous attention" in err and "internal error" not in err
     assert json.loads(out)["checks"]["passed"] is False and (tmp_path / "p.svg").exists()

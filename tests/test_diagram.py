@@ -185,18 +185,22 @@ def huge_pool_view(num_blocks: int = 2**22) -> MappingView:
     )
 
 
-def test_a_pool_of_2_22_blocks_draws_at_once(engine):
-    """The work grows with the used blocks and the drawn cells, not with the pool: free
-    runs are stepped over whole, in the cells and in the terminal's pool strip."""
+def draw_timed(view):
+    """(cells, DOT source, terminal text, seconds) for one view: what every command builds."""
     from rich.console import Console
 
-    view = huge_pool_view()
-    console = Console(width=120, record=True, color_system=None)
+    console = Console(width=120, record=True, color_system=None, file=io.StringIO())
     start = time.perf_counter()
     cells = dg.layout_cells(view)
     console.print(dg.terminal_mapping(view))
     source = dg.dot_source(view)
-    elapsed = time.perf_counter() - start
+    return cells, source, console.export_text(), time.perf_counter() - start
+
+
+def test_a_pool_of_2_22_blocks_draws_at_once(engine):
+    """The work grows with the used blocks and the drawn cells, not with the pool: free
+    runs are stepped over whole, in the cells and in the terminal's pool strip."""
+    cells, source, text, elapsed = draw_timed(huge_pool_view())
     assert elapsed < 1.0, f"a pool of 2**22 blocks with 9 used took {elapsed:.2f} s"
     assert [(c.first, c.last, c.owners) for c in cells.pool] == [
         (0, 1, ()), (2, 2, (0,)), (3, 4, ()), (5, 6, (1,)), (7, 7, (0, 1)), (8, 10, (1,)),
@@ -209,7 +213,6 @@ def test_a_pool_of_2_22_blocks_draws_at_once(engine):
     assert svg.texts("p3000001_4194302") == ["blocks 3000001-4194302 free (1194302)"]
     assert svg.tooltip("p3000001_4194302") == "physical blocks 3000001-4194302 (1194302): free"
     assert svg.lands_in("e_s0_l2", "p3000000") and svg.lands_in("e_s1_l0", "p4194303") and svg.ids("traced") == {"e_s0_l1"}
-    text = console.export_text()
     assert "pool · 4194304 blocks · 9 used · 4194295 free · 1 shared  (1 character = 16384 blocks)" in text
     rows = [line for line in text.splitlines() if re.match(r"^ *\d+ [·░▓█]", line)]
     assert [line[:8] for line in rows] == ["      0 ", "1048576 ", "2097152 ", "3145728 "]  # aligned
@@ -372,15 +375,8 @@ def scattered_million_view() -> MappingView:
 
 def test_a_scattered_table_of_half_a_million_blocks_draws_in_seconds():
     """Cells are made for what is drawn only: each table is scanned once, with NumPy."""
-    from rich.console import Console
-
     view = scattered_million_view()
-    console = Console(width=120, record=True, file=io.StringIO())
-    start = time.perf_counter()
-    cells = dg.layout_cells(view)
-    console.print(dg.terminal_mapping(view))
-    source = dg.dot_source(view)
-    elapsed = time.perf_counter() - start
+    cells, source, text, elapsed = draw_timed(view)
     assert elapsed < 3.0, f"a scattered table of 524,288 blocks took {elapsed:.2f} s"
     table = view.sequences[0].table
     seq = cells.sequences[0]
@@ -391,7 +387,7 @@ def test_a_scattered_table_of_half_a_million_blocks_draws_in_seconds():
     assert cells.pool[0].first == 0 and cells.pool[-1].last == 2**20 - 1 and sum(p.used for p in cells.pool) == 2**19
     assert len(cells.pool) <= 2 * len(cells.edges) + 2 and len(cells.edges) == len(seq) - 2
     assert source.count(" -> pool:") == len(cells.edges)
-    assert "pool · 1048576 blocks · 524288 used · 524288 free  (1 character = 4096 blocks)" in console.export_text()
+    assert "pool · 1048576 blocks · 524288 used · 524288 free  (1 character = 4096 blocks)" in text
 
 
 # -- DOT ---------------------------------------------------------------------------
