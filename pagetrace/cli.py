@@ -4,6 +4,10 @@ Errors never show a traceback: bad input is one line on stderr and exit 2
 (`UsageError`, or a click usage error), a failed run is one line and exit 1
 (`RuntimeFailure`). Heavy modules (torch, triton) are imported inside the commands
 that need them, so `lookup` starts as fast as any Typer program.
+
+The error handling lives in the root group (`PagetraceGroup.main`), not in a wrapper
+around it, so the `app` object embedded in a notebook or run by `CliRunner` exits with
+the same codes and messages as the `pagetrace` binary.
 """
 
 from __future__ import annotations
@@ -12,23 +16,73 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
+from .cli_types import core, exceptions, types
 from .errors import RuntimeFailure, UsageError
+
+
+class PagetraceGroup(TyperGroup):
+    """The root command, which reports its own errors (see `main`).
+
+    Every integer and float option gets the ASCII-only parser (`cli_types`), whatever
+    command declares it, so `--token ٣`, `１６`, `1_0` and ` 7` are refused everywhere.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            strict_numbers(command)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra: Any):
+        """Run the CLI. Standalone (the binary, `app()`, `CliRunner().invoke(app, ...)`):
+        a usage error is one line on stderr and exit 2, a failed run one line and exit 1,
+        never a traceback. With `standalone_mode=False` errors propagate as exceptions."""
+        prog_name = prog_name or "pagetrace"
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        sys.exit(_exit_code(lambda: super(PagetraceGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra)))
+
+
+def strict_numbers(command: core.Command) -> None:
+    """Give every plain int and float option of `command` the ASCII-only parser."""
+    from .cli_types import ASCII_FLOAT, ASCII_INT
+
+    ranged = getattr(types, "_NumberRangeBase", ())
+    for param in command.params:
+        if isinstance(param.type, ranged):
+            continue
+        if isinstance(param.type, types.IntParamType):
+            param.type = ASCII_INT
+        elif isinstance(param.type, types.FloatParamType):
+            param.type = ASCII_FLOAT
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        sys.stdout.write(f"pagetrace {__version__}\n")
+        raise typer.Exit()
+
 
 app = typer.Typer(
     name="pagetrace",
+    cls=PagetraceGroup,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     help="See PagedAttention: where each token's keys and values live in a paged KV cache.",
 )
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print pagetrace's version and exit.")] = False,
+) -> None:
     """See PagedAttention: where each token's keys and values live in a paged KV cache."""
 
 
@@ -92,24 +146,35 @@ def main(argv: list[str] | None = None) -> None:
 
 def run_cli(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` (default: sys.argv[1:]) and return its exit code."""
-    command = typer.main.get_command(app)
     try:
-        result = command.main(args=argv, prog_name="pagetrace", standalone_mode=False)
+        typer.main.get_command(app).main(args=argv, prog_name="pagetrace")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+    return 0
+
+
+_NO_ARGS_IS_HELP = getattr(exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+def _exit_code(call) -> int:
+    """Run `call` (a non-standalone click main) and turn what it raises into an exit code."""
+    try:
+        result = call()
     except UsageError as exc:
         return _fail(str(exc), 2)
     except RuntimeFailure as exc:
         return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
-    except Exception as exc:  # click's own errors, whichever click Typer carries
-        if type(exc).__name__ == "NoArgsIsHelpError":
-            sys.stdout.write(exc.format_message() + "\n")
-            return 0
-        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            message = " ".join(exc.format_message().split())
-            return _fail(message[:1].lower() + message[1:], exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            return _fail("aborted", 1)
+    except _NO_ARGS_IS_HELP as exc:  # bare `pagetrace`: the help, on stdout
+        sys.stdout.write(exc.format_message() + "\n")
+        return 0
+    except exceptions.ClickException as exc:
+        message = " ".join(exc.format_message().split())
+        return _fail(message[:1].lower() + message[1:], exc.exit_code)
+    except exceptions.Abort:
+        return _fail("aborted", 1)
+    except Exception as exc:
         if os.environ.get("PAGETRACE_DEBUG"):
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc} (set PAGETRACE_DEBUG=1 for the traceback)", 1)

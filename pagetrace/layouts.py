@@ -9,6 +9,11 @@ Axis names:
     dim     element of the head vector       (size head_dim)
     dim_hi  dim // x, for vLLM's split key   (size head_dim // x)
     dim_lo  dim %  x                         (size x = 16 bytes / element size)
+    kv      0 for the key, 1 for the value   (size 2: K and V in one tensor)
+
+The axes are listed in memory order. A layout whose engine presents the tensor in
+another axis order (vLLM's HND stride order) also names those `view_axes`: the shape
+and strides shown are then the view's, non-row-major, and the offsets are the same.
 
 From the axes come the shape, the row-major strides and so the element and byte
 offset of any (block, slot, head, dim) from the cache's base. The kernel's launcher
@@ -21,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
+from .dtypes import ELEMENT_SIZES, canonical_dtype
 from .errors import UsageError
 
-# bytes per element of each cache dtype
-DTYPE_SIZES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# bytes per element of each cache dtype (the one list is pagetrace.dtypes)
+DTYPE_SIZES: dict[str, int] = ELEMENT_SIZES
 
 VLLM_KEY_CHUNK_BYTES = 16  # vLLM's key cache packs 16 bytes of a key vector together
 
@@ -36,6 +42,30 @@ class Layout:
     key_axes: tuple[str, ...]
     value_axes: tuple[str, ...]
     single_head: bool = False  # the layout has no head axis
+    view_axes: tuple[str, ...] | None = None  # the axis order the engine's tensor shows, when not memory order
+
+    @property
+    def combined(self) -> bool:
+        """K and V in one tensor, told apart by the `kv` axis."""
+        return "kv" in self.key_axes
+
+    def shown_axes(self, which: str) -> tuple[str, ...]:
+        return self.view_axes or (self.key_axes if which == "key" else self.value_axes)
+
+
+# The combined K/V layouts of vLLM V1 (v0.9-v0.11 source):
+#   vllm/v1/attention/backends/flash_attn.py  FlashAttentionBackend.get_kv_cache_shape
+#       -> (2, num_blocks, block_size, num_kv_heads, head_size)
+#   vllm/v1/attention/backends/flashinfer.py and triton_attn.py  get_kv_cache_shape
+#       -> (num_blocks, 2, block_size, num_kv_heads, head_size)
+#   get_kv_cache_stride_order() -> (0, 1, 2, 3, 4) for NHD, (0, 1, 3, 2, 4) for HND
+#       (VLLM_KV_CACHE_LAYOUT=HND), and the model runner (gpu_model_runner.py,
+#       _reshape_kv_cache_tensors) allocates the shape permuted by the stride order
+#       contiguously, then permutes it back: memory order is the permuted shape.
+# vLLM 0.32 (installed in /work/vllmenv) has moved on to KVCacheLayout
+# (vllm/v1/kv_cache_layout.py, RFC #42082); these are the layouts of the releases above.
+_FA_VIEW = ("kv", "block", "slot", "head", "dim")
+_FI_VIEW = ("block", "kv", "slot", "head", "dim")
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -66,8 +96,37 @@ LAYOUTS: dict[str, Layout] = {
             ("block", "head", "dim_hi", "slot", "dim_lo"),
             ("block", "head", "dim", "slot"),
         ),
+        Layout(
+            "flash",
+            "[2, num_blocks, block_size, num_kv_heads, head_dim], K and V in one tensor (vLLM V1 FlashAttention, NHD)",
+            _FA_VIEW,
+            _FA_VIEW,
+        ),
+        Layout(
+            "flash-hnd",
+            "[2, num_blocks, block_size, num_kv_heads, head_dim] viewed, memory [2, num_blocks, num_kv_heads, block_size, head_dim] (vLLM V1 FlashAttention, HND stride order)",
+            ("kv", "block", "head", "slot", "dim"),
+            ("kv", "block", "head", "slot", "dim"),
+            view_axes=_FA_VIEW,
+        ),
+        Layout(
+            "flashinfer",
+            "[num_blocks, 2, block_size, num_kv_heads, head_dim], K and V in one tensor (vLLM V1 FlashInfer and Triton, NHD)",
+            _FI_VIEW,
+            _FI_VIEW,
+        ),
+        Layout(
+            "flashinfer-hnd",
+            "[num_blocks, 2, block_size, num_kv_heads, head_dim] viewed, memory [num_blocks, 2, num_kv_heads, block_size, head_dim] (vLLM V1 FlashInfer, HND stride order)",
+            ("block", "kv", "head", "slot", "dim"),
+            ("block", "kv", "head", "slot", "dim"),
+            view_axes=_FI_VIEW,
+        ),
     )
 }
+
+# the layouts the kernel and the reference run on: one tensor per cache
+KERNEL_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.combined)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +159,7 @@ class CacheGeometry:
             "dim": self.head_dim,
             "dim_hi": self.head_dim // self.x,
             "dim_lo": self.x,
+            "kv": 2,
         }[axis]
 
     def shape(self, which: str) -> tuple[int, ...]:
@@ -132,8 +192,10 @@ def make_geometry(
 ) -> CacheGeometry:
     """Validate the sizes and build the cache geometry (errors name the CLI option)."""
     lay = get_layout(layout)
-    if dtype not in DTYPE_SIZES:
+    name = canonical_dtype(dtype) if isinstance(dtype, str) else None
+    if name is None:
         raise UsageError("--dtype", dtype, f"choose one of {', '.join(DTYPE_SIZES)}")
+    dtype = name
     for option, value, limit in (
         ("--num-blocks", num_blocks, MAX_BLOCKS),
         ("--block-size", block_size, MAX_BLOCK_SIZE),
@@ -171,6 +233,7 @@ def axis_index(geom: CacheGeometry, which: str, block: int, slot: int, head: int
         "dim": dim,
         "dim_hi": dim // geom.x,
         "dim_lo": dim % geom.x,
+        "kv": 0 if which == "key" else 1,
     }
     return tuple(coords[axis] for axis in geom.axes(which))
 
@@ -198,7 +261,7 @@ class VectorAddress:
 
     which: str  # "key" or "value"
     shape: tuple[int, ...]
-    strides: tuple[int, ...]  # in elements, row-major
+    strides: tuple[int, ...]  # in elements (row-major unless the layout has view_axes)
     axes: tuple[str, ...]
     index: tuple[int, ...]  # tensor index of element 0 of the vector
     element_offset: int  # of element 0
@@ -224,6 +287,12 @@ class VectorAddress:
         return last.element_offset + last.elements - 1
 
 
+def shown_order(geom: CacheGeometry, which: str, values: tuple[int, ...]) -> tuple[int, ...]:
+    """Per-axis `values` (in memory order) rearranged into the order the tensor shows."""
+    axes = geom.axes(which)
+    return tuple(values[axes.index(a)] for a in geom.layout.shown_axes(which))
+
+
 def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head: int) -> VectorAddress:
     shape = geom.shape(which)
     strides = row_major_strides(shape)
@@ -236,14 +305,15 @@ def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head:
             first = d
     return VectorAddress(
         which=which,
-        shape=shape,
-        strides=strides,
-        axes=geom.axes(which),
-        index=axis_index(geom, which, block, slot, head, 0),
+        shape=shown_order(geom, which, shape),
+        strides=shown_order(geom, which, strides),
+        axes=geom.layout.shown_axes(which),
+        index=shown_order(geom, which, axis_index(geom, which, block, slot, head, 0)),
         element_offset=offsets[0],
         byte_offset=offsets[0] * geom.element_size,
         element_size=geom.element_size,
-        block_base=block * strides[geom.axes(which).index("block")],
+        # where this block's part of the cache begins: (block, slot 0, head 0, dim 0)
+        block_base=element_offset(geom, which, block, 0, 0, 0, strides),
         chunks=tuple(chunks),
     )
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagetrace.errors import UsageError
-from pagetrace.layouts import LAYOUTS, make_geometry, row_major_strides, vector_address
+from pagetrace.layouts import KERNEL_LAYOUTS, make_geometry, row_major_strides, vector_address
 from pagetrace.lookup import trace_token
 from pagetrace.reference import canonical_cache, layout_cache
 
@@ -26,8 +26,8 @@ def encoded_cache(num_blocks, block_size, heads, head_dim):
 
 geometries = st.fixed_dictionaries(
     {
-        "layout": st.sampled_from(sorted(LAYOUTS)),
-        "dtype": st.sampled_from(["fp32", "fp16", "bf16", "fp8"]),
+        "layout": st.sampled_from(sorted(KERNEL_LAYOUTS)),
+        "dtype": st.sampled_from(["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]),
         "num_blocks": st.integers(1, 12),
         "block_size": st.integers(1, 20),
         "kv_heads": st.integers(1, 4),
@@ -40,7 +40,7 @@ geometries = st.fixed_dictionaries(
 @given(geometries, st.data())
 def test_reported_offsets_hit_the_right_elements(g, data):
     kv_heads = 1 if g["layout"] == "blocks" else g["kv_heads"]
-    x = 16 // {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[g["dtype"]] if g["layout"] == "vllm" else 1
+    x = 16 // {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}[g["dtype"]] if g["layout"] == "vllm" else 1
     head_dim = g["chunks"] * x if g["layout"] == "vllm" else data.draw(st.integers(1, 24))
     geom = make_geometry(g["layout"], g["num_blocks"], g["block_size"], kv_heads, head_dim, g["dtype"])
     canon = encoded_cache(g["num_blocks"], g["block_size"], kv_heads, head_dim)

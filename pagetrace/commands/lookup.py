@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ..blocks import capacity, parse_int_list
+from ..cli_types import dtype_choice, layout_choice
 from ..diagram import MappingView, SequenceMap
 from ..lookup import TokenTrace, trace_token
 from .diagram import DotOption, PngOption, SvgOption, save_diagrams
@@ -38,8 +39,8 @@ def lookup(
     head_dim: Annotated[int, typer.Option(help="Elements per key/value vector.")] = 8,
     kv_heads: Annotated[int, typer.Option(help="KV heads in the cache.")] = 1,
     head: Annotated[int, typer.Option(help="Which KV head to address.")] = 0,
-    dtype: Annotated[str, typer.Option(help="Cache dtype: fp32, fp16, bf16 or fp8.")] = "fp32",
-    layout: Annotated[str, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm.")] = "blocks",
+    dtype: Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")] = "fp32",
+    layout: Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case); flash* and flashinfer* hold K and V in one tensor, as vLLM V1 allocates them.")] = "blocks",
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1).")] = None,
     svg: SvgOption = None,
     png: PngOption = None,

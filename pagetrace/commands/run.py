@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..blocks import MAX_HEADS, check_size, parse_int_list
+from ..cli_types import DEVICE, AliasChoice, dtype_choice, layout_choice
 from ..errors import RuntimeFailure, UsageError
 from ..plan import Plan
 from .diagram import DotOption, PngOption, SvgOption, save_diagrams
@@ -111,7 +112,7 @@ def prepare(
     if layout is None:
         layout = "blocks" if kv_heads == 1 else "nhd"
     geom = make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)
-    if dtype == "fp8":
+    if dtype not in ("fp32", "fp16", "bf16"):
         raise UsageError("--dtype", dtype, "the kernel runs on fp32, fp16 or bf16 caches (fp8 is for lookup's addresses)")
     if heads % kv_heads:
         raise UsageError("--heads", heads, f"must be a multiple of --kv-heads ({kv_heads})")
@@ -200,16 +201,16 @@ def run(
     heads: Annotated[int, typer.Option(help="Query heads.")] = 1,
     kv_heads: Annotated[int, typer.Option(help="KV heads (heads must be a multiple: GQA, MQA).")] = 1,
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: 16, grown as the tokens need).")] = None,
-    dtype: Annotated[str, typer.Option(help="Cache and query dtype: fp32, fp16 or bf16.")] = "fp32",
-    layout: Annotated[str | None, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm (default: blocks for one KV head, else nhd).")] = None,
+    dtype: Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache and query dtype (any case; aliases float32/float, float16/half, bfloat16).")] = "fp32",
+    layout: Annotated[str | None, typer.Option(click_type=layout_choice(kernel_only=True), help="Cache layout, any case (default: blocks for one KV head, else nhd).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the cache, the query and the drawn block tables.")] = 0,
     scale: Annotated[float | None, typer.Option(help="Score scale (default: 1/sqrt(head_dim)).")] = None,
     token: Annotated[int | None, typer.Option(help="Highlight this token and print its lookup (default: 20, as in the worked example, when sequence 0 has it).")] = None,
     seq: Annotated[int, typer.Option(help="The sequence --token belongs to.")] = 0,
     rows: Annotated[str, typer.Option(help="Rows per table: a number, or 'all'. Long sequences show the first, the last and the heaviest rows.")] = str(DEFAULT_ROWS),
     show_heads: Annotated[str | None, typer.Option(help="Query heads to tabulate, comma-separated, or 'all' (default: all up to 4 heads, else head 0).")] = None,
-    backend: Annotated[str, typer.Option(help="auto, triton (compiled, CUDA), interpret (Triton's interpreter, CPU) or torch.")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    backend: Annotated[str, typer.Option(click_type=AliasChoice(("auto", *BACKEND_NAMES)), help="auto, triton (compiled, CUDA), interpret (Triton's interpreter, CPU) or torch.")] = "auto",
+    device: Annotated[str, typer.Option(click_type=DEVICE, help="auto, cpu, cuda or cuda:N (a string, not a fixed list: N is any device index).")] = "auto",
     svg: SvgOption = None,
     png: PngOption = None,
     dot: DotOption = None,
