@@ -1,0 +1,105 @@
+"""What `run` tells a person: which backend was checked how, row counts, marks, and the
+tolerance of its check fed a real error just over and just under it, per dtype."""
+
+import json
+
+import pytest
+import torch
+from conftest import cli
+
+from pagetrace.render_run import hidden_rows
+from pagetrace.report import TOLERANCES, compare
+
+
+def test_torch_backend_claims_no_kernel_check(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--backend", "torch")
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "every slot the kernel read" not in text and "paged - contiguous" not in text
+    assert "no kernel ran" in text and "not checked" in text
+    code, out, _ = cli(capsys, "run", "--tokens", "38", "--backend", "torch", "--json")
+    checks = json.loads(out)["checks"]
+    assert checks["slots_checked"] is False and "no kernel ran" in checks["compared"]
+
+
+def test_kernel_backend_states_its_checks(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "38")
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "every slot the kernel read matches the block table" in text and "paged - contiguous" in text
+    assert json.loads(cli(capsys, "run", "--tokens", "38", "--json")[1])["checks"]["slots_checked"] is True
+
+
+def test_hidden_row_grammar():
+    assert str(hidden_rows(1)[-1]) == "1 row hidden"
+    assert str(hidden_rows(2)[-1]) == "2 rows hidden"
+    assert str(hidden_rows(1, "blocks", 2)[-1]) == "1 block hidden"
+
+
+def test_traced_token_that_is_the_max_shows_both_marks(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "38", "--token", "9")
+    assert code == 0, err
+    assert "◀ traced + max" in out
+
+
+def test_output_norm_names_its_sequence_and_head(capsys):
+    code, out, err = cli(capsys, "run", "--tokens", "38,20", "--backend", "torch")
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "output vector norm" in text
+    norm = text.split("output vector norm", 1)[1].split("check", 1)[0]
+    assert "(sequence 0, query head 0)" in norm
+
+
+# --- the check's tolerance, fed a known error -------------------------------------------
+# The kernel's output element [0, 0, 0] is forced to 0 (exact in every dtype) and the
+# reference's to delta = factor * tol: |diff| = delta against the bound tol * (1 + delta),
+# so factor 1.05 is over the bound for every dtype and 0.95 under it.
+OVER, UNDER = 1.05, 0.95
+
+
+@pytest.mark.parametrize("dtype", sorted(TOLERANCES))
+@pytest.mark.parametrize("factor, passes", [(OVER, False), (UNDER, True)])
+def test_compare_at_the_tolerance(dtype, factor, passes):
+    tol = TOLERANCES[dtype]
+    want = torch.randn(2, 3, 8, dtype=torch.float64)
+    got = want.clone()
+    got[0, 0, 0], want[0, 0, 0] = 0.0, factor * tol
+    worst, reported_tol, passed = compare(got, want, dtype)
+    assert passed is passes and reported_tol == tol and worst == pytest.approx(factor * tol)
+
+
+@pytest.fixture
+def known_error(monkeypatch):
+    from pagetrace import attention, reference
+
+    real_attention, real_reference = attention.paged_attention, reference.reference_attention
+    state = {}
+
+    def kernel(*args, **kwargs):
+        out, trace = real_attention(*args, **kwargs)
+        out[0, 0, 0] = 0
+        return out, trace
+
+    def contiguous(*args, **kwargs):
+        ref = real_reference(*args, **kwargs)
+        # the other elements keep their real difference (far below tolerance): only [0,0,0] is forced
+        ref.output[0, 0, 0] = state["delta"]
+        return ref
+
+    monkeypatch.setattr(attention, "paged_attention", kernel)
+    monkeypatch.setattr(reference, "reference_attention", contiguous)
+    return state
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("factor, code", [(OVER, 1), (UNDER, 0)])
+def test_run_exits_1_just_over_the_tolerance(capsys, known_error, dtype, factor, code):
+    known_error["delta"] = factor * TOLERANCES[dtype]
+    got, out, err = cli(capsys, "run", "--tokens", "38", "--dtype", dtype, "--backend", "torch", "--json")
+    assert got == code, err
+    doc = json.loads(out)
+    assert doc["checks"]["passed"] is (code == 0)
+    assert doc["checks"]["max_abs_diff"] >= known_error["delta"] * 0.999
+    if code == 1:
+        assert len(err.strip().splitlines()) == 1 and "tolerance" in err
