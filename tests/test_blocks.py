@@ -101,3 +101,13 @@ def test_sizes_are_bounded_before_any_work():
     with pytest.raises(UsageError) as err:
         check_table([MAX_BLOCKS], None)
     assert time.perf_counter() - start < 1
+
+
+def test_length_an_exact_multiple_of_the_block_size():
+    """48 tokens fill blocks 7, 2 and 15 exactly: the last block ends at token 47, no fourth block."""
+    spans = [(s.logical_block, s.physical_block, s.first_token, s.last_token, s.used) for s in coverage(48, [7, 2, 15, 4], 16)]
+    assert spans == [(0, 7, 0, 15, 16), (1, 2, 16, 31, 16), (2, 15, 32, 47, 16)]
+    assert slot_mapping(48, [7, 2, 15], 16)[-1] == 15 * 16 + 15 and len(slot_mapping(48, [7, 2, 15], 16)) == 48
+    assert locate(47, [7, 2, 15], 16).slot == 255
+    with pytest.raises(UsageError):
+        locate(48, [7, 2, 15], 16)

@@ -224,3 +224,40 @@ def test_api_refuses_mismatched_dtypes_devices_and_tiles():
         paged_attention(*args, backend=KERNEL_BACKEND, partition_size=100, block_n=16)
     with pytest.raises(UsageError, match="each at least 1"):
         paged_attention(w.query[:0], *args[1:3], w.block_tables[:0], w.seq_lens[:0], backend=KERNEL_BACKEND)
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm", "nhd"])
+def test_kernel_on_caches_built_by_an_explicit_permute(layout):
+    """The caches are laid out here by hand, from the engines' documented shapes, not
+    through `pagetrace.layouts`, and the expected output is attention over each
+    sequence's tokens gathered by plain indexing: a wrong axis order in LAYOUTS fails."""
+    gen = torch.Generator().manual_seed(3)
+    nb, bs, kvh, hd, heads = 9, 4, 2, 16, 4
+    tables, lens = [[5, 0, 7], [2, 8]], [11, 6]
+    k = torch.randn(nb, bs, kvh, hd, generator=gen)
+    v = torch.randn(nb, bs, kvh, hd, generator=gen)
+    used = torch.zeros(nb, bs, dtype=torch.bool)
+    for table, n in zip(tables, lens):
+        for t in range(n):
+            used[table[t // bs], t % bs] = True
+    k[~used], v[~used] = float("nan"), float("nan")
+    q = torch.randn(len(lens), heads, hd, generator=gen)
+    if layout == "nhd":  # [num_blocks, block_size, num_kv_heads, head_dim]
+        key_cache, value_cache = k.contiguous(), v.contiguous()
+    elif layout == "hnd":  # [num_blocks, num_kv_heads, block_size, head_dim]
+        key_cache, value_cache = k.permute(0, 2, 1, 3).contiguous(), v.permute(0, 2, 1, 3).contiguous()
+    else:  # vllm fp32, x = 4: key [nb, kvh, hd/x, bs, x], value [nb, kvh, hd, bs]
+        key_cache = k.reshape(nb, bs, kvh, hd // 4, 4).permute(0, 2, 3, 1, 4).contiguous()
+        value_cache = v.permute(0, 2, 3, 1).contiguous()
+    block_tables = torch.tensor([t + [-1] * (3 - len(t)) for t in tables], dtype=torch.int32)
+    out = paged_attention(
+        q.to(DEVICE), key_cache.to(DEVICE), value_cache.to(DEVICE), block_tables.to(DEVICE), torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+        layout=layout, backend=KERNEL_BACKEND, block_n=16,
+    )
+    for s, (table, n) in enumerate(zip(tables, lens)):
+        keys = torch.stack([k[table[t // bs], t % bs] for t in range(n)]).double()  # [n, kvh, hd]
+        values = torch.stack([v[table[t // bs], t % bs] for t in range(n)]).double()
+        for h in range(heads):
+            g = h // (heads // kvh)
+            w = torch.softmax(keys[:, g] @ q[s, h].double() * hd**-0.5, dim=0)
+            torch.testing.assert_close(out[s, h].double().cpu(), w @ values[:, g], atol=1e-5, rtol=1e-5)
