@@ -103,3 +103,29 @@ def test_run_exits_1_just_over_the_tolerance(capsys, known_error, dtype, factor,
     assert doc["checks"]["max_abs_diff"] >= known_error["delta"] * 0.999
     if code == 1:
         assert len(err.strip().splitlines()) == 1 and "tolerance" in err
+
+
+def test_refusal_follows_the_available_memory(capsys, monkeypatch):
+    """The same run is refused (exit 2, before any allocation) when the machine says it has
+    less memory available than the cache takes, and runs when it has enough."""
+    from pagetrace import workload
+
+    args = ("run", "--tokens", "38", "--num-blocks", "20000", "--backend", "torch")  # a 20 MiB cache
+    monkeypatch.setattr(workload, "available_memory_bytes", lambda: 8 << 20)
+    code, out, err = cli(capsys, *args)
+    assert code == 2 and out == "" and "--num-blocks" in err and "available" in err
+    monkeypatch.setattr(workload, "available_memory_bytes", lambda: 64 << 30)
+    assert cli(capsys, *args)[0] == 0
+
+
+def test_large_cache_gets_a_memory_note(monkeypatch):
+    from types import SimpleNamespace
+
+    from pagetrace.commands import run as run_command
+    from pagetrace.plan import plan_tables
+
+    monkeypatch.setattr("pagetrace.plan.available_memory_bytes", lambda: 3 << 30)
+    setup = SimpleNamespace(plan=plan_tables([38], None, 16, 4194304), kv_heads=1, head_dim=8, dtype="fp32")
+    note = run_command.memory_note(setup)
+    assert "4.0 GiB" in note and "4,194,304 blocks" in note and "3.0 GiB of memory available" in note
+    assert run_command.memory_note(SimpleNamespace(plan=plan_tables([38], None, 16), kv_heads=1, head_dim=8, dtype="fp32")) is None

@@ -141,6 +141,32 @@ def prepare(
     )
 
 
+BIG_CACHE_BYTES = 256 << 20  # from here on, `run` says what it is about to allocate before it does
+
+
+def cache_size(setup: RunSetup) -> str:
+    from ..dtypes import ELEMENT_SIZES
+    from ..plan import cache_bytes, human_bytes
+
+    p = setup.plan
+    need = cache_bytes(p.num_blocks, p.block_size, setup.kv_heads, setup.head_dim, ELEMENT_SIZES[setup.dtype])
+    return f"{human_bytes(need)} ({p.num_blocks:,} blocks x {p.block_size} tokens x {setup.kv_heads} KV head(s) x {setup.head_dim} x {ELEMENT_SIZES[setup.dtype]} bytes, keys and values)"
+
+
+def memory_note(setup: RunSetup) -> str | None:
+    """For a large cache, a line saying what it takes and what is available (the refusal
+    in `workload.check_memory` already follows the machine's available memory)."""
+    from ..dtypes import ELEMENT_SIZES
+    from ..plan import available_memory_bytes, cache_bytes, human_bytes
+
+    p = setup.plan
+    if cache_bytes(p.num_blocks, p.block_size, setup.kv_heads, setup.head_dim, ELEMENT_SIZES[setup.dtype]) < BIG_CACHE_BYTES:
+        return None
+    free = available_memory_bytes()
+    where = f"; {human_bytes(free)} of memory available" if free is not None else ""
+    return f"note: the KV cache takes {cache_size(setup)}{where}"
+
+
 @dataclass
 class RunResult:
     setup: RunSetup
@@ -160,10 +186,11 @@ def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
     from ..workload import make_workload
 
     plan = setup.plan
-    work = make_workload(
-        plan, num_heads=setup.heads, num_kv_heads=setup.kv_heads, head_dim=setup.head_dim, dtype=setup.dtype,
-        layout=setup.layout, seed=setup.seed, device=setup.device, memory_option=setup.memory_option,
-    )
+    with status(f"building the KV cache: {cache_size(setup)} ..."):
+        work = make_workload(
+            plan, num_heads=setup.heads, num_kv_heads=setup.kv_heads, head_dim=setup.head_dim, dtype=setup.dtype,
+            layout=setup.layout, seed=setup.seed, device=setup.device, memory_option=setup.memory_option,
+        )
     with status(f"running the {BACKEND_NAMES[setup.backend]} on {setup.device} ..."):
         start = time.perf_counter()
         output, trace = paged_attention(
@@ -224,6 +251,9 @@ def run(
     err = stderr_console()
     for warning in setup.plan.warnings:
         err.print(f"warning: {warning}", style="bold red", markup=False, emoji=False, soft_wrap=True)
+    note = memory_note(setup)
+    if note:
+        err.print(note, markup=False, emoji=False, soft_wrap=True)
     result = execute(setup, all_rows=json_output, status=err.status)
 
     view = MappingView(
