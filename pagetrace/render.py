@@ -15,25 +15,65 @@ HIGHLIGHT = "bold black on yellow"
 STRIP_ENTRIES = 12  # a longer table shows its start, its end and the highlighted entry
 
 
-def block_table_strip(table: list[int], highlight: int | None, title: str = "block table") -> Table:
-    """The block table as one row of logical -> physical entries, one entry highlighted."""
-    n = len(table)
-    shown = set(range(n)) if n <= STRIP_ENTRIES else set(range(3)) | set(range(n - 3, n))
+def strip_priority(n: int, highlight: int | None) -> list[int]:
+    """Entries of an n-entry table, most wanted first: the highlighted one and its
+    neighbours, then the two ends inwards."""
+    order: list[int] = []
     if highlight is not None:
-        shown |= {b for b in (highlight - 1, highlight, highlight + 1) if 0 <= b < n}
-    strip = Table(title=title, title_justify="left", show_header=True, header_style="dim", box=None, padding=(0, 1))
-    strip.add_column("logical", style="dim", justify="right")
-    cells: list[Text] = []
+        order += [b for b in (highlight, highlight - 1, highlight + 1) if 0 <= b < n]
+    for i in range(n):
+        order += [i, n - 1 - i]
+    return list(dict.fromkeys(order))
+
+
+def strip_columns(table: list[int], shown: list[int]) -> list[tuple[str, str]]:
+    """(header, cell) per column: the shown entries, with an 'N more' column in each gap."""
+    columns: list[tuple[str, str]] = []
     previous = -1
-    for logical in sorted(shown):
+    for logical in shown:
         if logical != previous + 1:
-            strip.add_column("…", justify="center")
-            cells.append(Text(f"{logical - previous - 1} more", style="dim"))
-        strip.add_column(str(logical), justify="right")
-        cells.append(Text(str(table[logical]), style=HIGHLIGHT if logical == highlight else ""))
+            columns.append(("…", f"{logical - previous - 1} more"))
+        columns.append((str(logical), str(table[logical])))
         previous = logical
-    strip.add_row("physical", *cells)
-    return strip
+    if previous != len(table) - 1:
+        columns.append(("…", f"{len(table) - 1 - previous} more"))
+    return columns
+
+
+class BlockTableStrip:
+    """The block table as one row of logical -> physical entries, one entry highlighted.
+
+    It fits the width it is rendered at by leaving out whole entries (an 'N more'
+    column stands for them), never by cutting a block number."""
+
+    def __init__(self, table: list[int], highlight: int | None, title: str = "block table") -> None:
+        self.table, self.highlight, self.title = table, highlight, title
+
+    def shown(self, width: int) -> list[int]:
+        n = len(self.table)
+        priority = strip_priority(n, self.highlight)[:STRIP_ENTRIES]
+        for count in range(len(priority), 0, -1):
+            shown = sorted(priority[:count])
+            columns = [("logical", "physical"), *strip_columns(self.table, shown)]
+            if sum(max(len(a), len(b)) + 2 for a, b in columns) <= width:
+                return shown
+        return sorted(priority[:1])
+
+    def __rich_console__(self, console, options):
+        shown = self.shown(options.max_width)
+        strip = Table(title=self.title, title_justify="left", show_header=True, header_style="dim", box=None, padding=(0, 1))
+        strip.add_column("logical", style="dim", justify="right", no_wrap=True)
+        cells: list[Text] = []
+        for header, cell in strip_columns(self.table, shown):
+            strip.add_column(header, justify="center" if header == "…" else "right", no_wrap=True, min_width=max(len(header), len(cell)))
+            highlighted = header != "…" and int(header) == self.highlight
+            cells.append(Text(cell, style=HIGHLIGHT if highlighted else "dim" if header == "…" else ""))
+        strip.add_row("physical", *cells)
+        yield strip
+
+
+def block_table_strip(table: list[int], highlight: int | None, title: str = "block table") -> BlockTableStrip:
+    return BlockTableStrip(table, highlight, title)
 
 
 def _offset_sum(addr: VectorAddress) -> str:
@@ -54,23 +94,25 @@ def vector_in_memory(addr: VectorAddress) -> str:
 def address_table(trace: TokenTrace) -> Table:
     g = trace.geometry
     table = Table(title=f"addresses in the '{g.layout.name}' layout ({g.dtype}, {g.element_size} bytes/element)", title_justify="left")
-    table.add_column("cache")
-    table.add_column("shape")
-    table.add_column("index: Σ index×stride")
-    table.add_column("element", justify="right")
-    table.add_column("byte", justify="right")
-    table.add_column("the vector in memory", ratio=1)
+    rows = []
     for addr in (trace.key, trace.value):
         shape = ", ".join(f"{a}={n}" for a, n in zip(addr.axes, addr.shape))
-        table.add_row(
-            addr.which,
-            Text(f"[{shape}]"),
-            Text(f"{tuple(addr.index)}: {_offset_sum(addr)}"),
-            str(addr.element_offset),
-            str(addr.byte_offset),
-            vector_in_memory(addr),
-        )
-    return table
+        index = ", ".join(map(str, addr.index))
+        rows.append((addr.which, f"[{shape}]", f"({index}): {_offset_sum(addr)}", str(addr.element_offset), str(addr.byte_offset)))
+    headers = ("cache", "shape", "index: Σ index×stride", "element", "byte")
+    for i, header in enumerate(headers):
+        # wide enough for the longest word of the column: numbers wrap between words, never inside one
+        longest = max(len(word) for row in rows for word in row[i].split())
+        table.add_column(header, justify="right" if header in ("element", "byte") else "left", min_width=longest, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    # how each vector lies in memory, as wrapped text below the table (a sixth column would not fit 80 columns)
+    memory = Table(show_header=False, box=None, padding=(0, 1))
+    memory.add_column(style="bold", no_wrap=True)
+    memory.add_column(ratio=1)
+    for addr in (trace.key, trace.value):
+        memory.add_row(f"{addr.which} in memory", vector_in_memory(addr))
+    return Group(table, memory)
 
 
 def render_lookup(trace: TokenTrace) -> Group:

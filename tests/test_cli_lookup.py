@@ -1,3 +1,4 @@
+import re
 import json
 import subprocess
 import sys
@@ -81,3 +82,25 @@ def test_python_dash_m(tmp_path):
 def test_console_script_exit_code_and_one_line():
     result = subprocess.run([sys.executable, "-m", "pagetrace", "lookup", "--table", "7,,2"], capture_output=True, text=True)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_wide_numbers_are_never_cut(width):
+    """At 80 columns a table of six-digit blocks elides whole entries ('N more'), never digits."""
+    from rich.console import Console
+
+    from pagetrace.lookup import trace_token
+    from pagetrace.render import render_lookup
+
+    table = list(range(100001, 100014))
+    console = Console(width=width, record=True, color_system=None)
+    console.print(render_lookup(trace_token(100, table, layout="vllm", dtype="fp16", head_dim=64, kv_heads=8, head=7, num_blocks=4194304)))
+    text = console.export_text()
+    assert all(len(line) <= width for line in text.splitlines())
+    assert re.search(r"[0-9]…|…[0-9]", text) is None, text
+    strip = text.split("block table", 1)[1]
+    physical = [line for line in strip.splitlines() if line.strip().startswith("physical")][0].split()[1:]
+    shown = [int(w) for w in physical if w.isdigit() and int(w) > 1000]
+    assert 100007 in shown and all(p in table for p in shown)  # every shown entry whole, the traced one among them
+    for number in ("4194304", "[block=4194304,"):
+        assert number in text
