@@ -91,11 +91,14 @@ class BlockPool:
     cached while free, until allocation pops it from the head of the queue.
     """
 
-    __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching")
+    __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching", "uncached_first")
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, uncached_first: bool = True) -> None:
+        """`uncached_first=False` frees every block to the back of the queue, as the design
+        doc's walkthrough (docs/design/prefix_caching.md) and earlier releases did."""
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.uncached_first = uncached_first
         self.queue = FreeBlockQueue(num_blocks)
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
@@ -158,10 +161,10 @@ class BlockPool:
         """
         first, last = [], []
         ref, hashes = self.ref_cnt, self.block_hash
-        caching = self.enable_caching
+        caching, split = self.enable_caching, self.uncached_first
         for b in ordered_blocks:
             ref[b] -= 1
             if ref[b] == 0 and b != 0:
-                (first if hashes[b] is None or not caching else last).append(b)
+                (first if split and (hashes[b] is None or not caching) else last).append(b)
         self.queue.prepend_n(first)
         self.queue.append_n(last)

@@ -46,11 +46,18 @@ class KVCachePolicy(Protocol):
 class VllmPrefixCaching:
     """vLLM V1's block manager: allocate on demand, cache full blocks by hash, free tail first."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, max_model_len: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        max_model_len: int = 1 << 30,
+        uncached_first: bool = True,
+    ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching, uncached_first)
         self.req_to_blocks: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}  # present while the request holds blocks
         self.ever_cached: set[int] = set()  # every hash ever cached: tells "evicted" from "never seen"

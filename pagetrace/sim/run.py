@@ -51,6 +51,14 @@ def simulate(
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished."""
     pending = sorted(requests, key=lambda r: r.arrival)
+    usable = num_blocks - 1
+    for r in pending:  # the last output token is sampled, never stored
+        need = -(-(len(r.prompt) + len(r.output) - 1) // block_size)
+        if need > usable:
+            raise ValueError(
+                f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
+                f"more than the {usable} usable blocks of the pool"
+            )
     policy = VllmPrefixCaching(num_blocks, block_size, enable_caching)
     sched = Scheduler(policy, config or SchedulerConfig())
     index = {r.request_id: i for i, r in enumerate(pending)}

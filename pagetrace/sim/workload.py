@@ -94,6 +94,7 @@ def parse_trace(text: str, block_size: int) -> list[SimRequest]:
     `shared_prefix`: that many leading tokens common to all requests), `output_len` (or
     `output`: token ids), `arrival` (step, default 0), `n` (default 1), `cache_salt`, `id`."""
     out: list[SimRequest] = []
+    ids: set[str] = set()
     for line_no, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -103,7 +104,10 @@ def parse_trace(text: str, block_size: int) -> list[SimRequest]:
             raise UsageError("--trace", raw[:40], f"trace line {line_no} is not JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise UsageError("--trace", raw[:40], f"trace line {line_no} is not a JSON object")
-        rid = str(obj.get("id", len(out)))
+        rid = str(obj.get("id", len(ids)))
+        if rid in ids:
+            raise UsageError("--trace", rid, f"trace line {line_no}, field 'id' repeats an earlier request id")
+        ids.add(rid)
         base = (line_no + 1) * UNIQUE_STRIDE
         if "prompt" in obj:
             prompt = _field(obj, "prompt", line_no, list, minimum=1)
