@@ -167,3 +167,34 @@ def test_no_chunked_prefill_waits_for_budget():
     reqs = [SimRequest("a", list(range(40)), [1, 2]), SimRequest("b", list(range(100, 140)), [1, 2])]
     result = simulate(reqs, 32, 16, config=cfg)
     assert result.steps[0].admitted == ["a"] and result.steps[1].admitted == ["b"]
+
+
+def causes_of(reqs, num_blocks=64, block_size=16):
+    from pagetrace.sim.policy import VllmPrefixCaching
+    from pagetrace.sim.scheduler import Scheduler
+
+    sched = Scheduler(VllmPrefixCaching(num_blocks, block_size))
+    for r in reqs:
+        sched.add(r)
+    while sched.waiting or sched.running:
+        sched.step()
+    return sched.causes
+
+
+def test_causes_partial_block_and_first_seen():
+    """A 10-token shared prefix (less than a block of 16) is never hit: all partial/first seen."""
+    a = SimRequest("a", list(range(10)) + list(range(100, 110)), [1])
+    b = SimRequest("b", list(range(10)) + list(range(200, 210)), [1])
+    c = causes_of([a, b])
+    assert c == {"hit": 0, "partial block": 8, "evicted": 0, "different extra key": 0, "first seen": 32}
+
+
+def test_causes_evicted_and_extra_key():
+    p = list(range(48))
+    first = SimRequest("a", p + [1], [1])
+    filler = [SimRequest(f"f{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 40)), [1]) for i in range(3)]
+    again = SimRequest("b", p + [2], [1])
+    salted = SimRequest("c", p + [3], [1], cache_salt="s")
+    c = causes_of([first, *filler, again, salted], num_blocks=5)  # 4 usable: the filler evicts 'a'
+    assert c["evicted"] == 48 and c["different extra key"] == 48 and c["hit"] == 0
+    assert sum(c.values()) == sum(len(r.prompt) for r in [first, *filler, again, salted])

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from .causes import CAUSES, classify
 from .policy import KVCachePolicy
 from .request import FINISHED, PREEMPTED, RUNNING, WAITING, SimRequest
 
@@ -51,6 +52,7 @@ class StepRecord:
     used_blocks: int  # blocks referenced by running requests
     waiting: int
     running: int
+    empty_slots: int  # allocated but unwritten slots: the tails of running requests' last blocks
 
 
 @dataclass(slots=True)
@@ -61,6 +63,7 @@ class Scheduler:
     running: list = field(default_factory=list)
     step_count: int = 0
     num_preemptions: int = 0
+    causes: dict = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # prompt tokens by hit/miss cause
 
     def add(self, req: SimRequest) -> None:
         self.waiting.append(req)
@@ -117,6 +120,8 @@ class Scheduler:
                 if not cfg.enable_chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
+                if req.num_preemptions == 0:  # before allocation caches the request's own blocks
+                    why = classify(req, num_hit, policy.block_size, policy.ever_cached, policy.ever_cached_content)
                 new_blocks = policy.allocate_slots(req, n, hits, num_hit, cfg.reserve_full_isl)
                 if new_blocks is None:
                     break
@@ -124,6 +129,8 @@ class Scheduler:
                 running.append(req)
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_hit
+                    for cause, n_tokens in why.items():
+                        self.causes[cause] += n_tokens
                     req.first_scheduled = self.step_count
                     hit_tokens += num_hit
                 req.status = RUNNING
@@ -144,6 +151,9 @@ class Scheduler:
                     policy.free(req)
                     running.remove(req)
                     finished.append(req.request_id)
+        bs = policy.block_size
+        tables = policy.req_to_blocks
+        empty = sum(len(tables[r.request_id]) * bs - r.num_computed for r in running)
         record = StepRecord(
             step=self.step_count,
             scheduled=len(scheduled),
@@ -158,6 +168,7 @@ class Scheduler:
             used_blocks=pool.num_blocks - 1 - pool.num_free,
             waiting=len(self.waiting),
             running=len(running),
+            empty_slots=empty,
         )
         self.step_count += 1
         return record
