@@ -18,9 +18,11 @@ class SimResult:
     steps: list[StepRecord]
     policy: KVCachePolicy
     num_preemptions: int
+    causes: dict[str, int] = field(default_factory=dict)  # prompt tokens by hit/miss cause
     tables_at: dict[int, dict[str, list[int]]] = field(default_factory=dict)  # step -> request -> blocks
     occupancy: list[list[int]] | None = None  # step -> block -> request index, FREE or CACHED
     shared: list[list[int]] | None = None  # step -> blocks referenced by more than one request
+    occupancy_cut: bool = False  # recording stopped at `max_cells` cells: the first steps only
 
 
 def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[int], list[int]]:
@@ -47,6 +49,8 @@ def simulate(
     tables_at: Iterable[int] = (),
     record_occupancy: bool = False,
     max_steps: int = 10_000_000,
+    max_model_len: int = 1 << 30,
+    max_cells: int = 4_000_000,
     on_step: Callable[[StepRecord], None] | None = None,
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished."""
@@ -59,7 +63,7 @@ def simulate(
                 f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
                 f"more than the {usable} usable blocks of the pool"
             )
-    policy = VllmPrefixCaching(num_blocks, block_size, enable_caching)
+    policy = VllmPrefixCaching(num_blocks, block_size, enable_caching, max_model_len)
     sched = Scheduler(policy, config or SchedulerConfig())
     index = {r.request_id: i for i, r in enumerate(pending)}
     want_tables = set(tables_at)
@@ -79,6 +83,8 @@ def simulate(
         result.steps.append(record)
         if step in want_tables:
             result.tables_at[step] = {rid: list(b) for rid, b in policy.req_to_blocks.items()}
+        if record_occupancy and (len(result.occupancy) + 1) * num_blocks > max_cells:
+            record_occupancy, result.occupancy_cut = False, True
         if record_occupancy:
             row, shared = occupancy_row(policy, index)
             result.occupancy.append(row)
@@ -92,4 +98,5 @@ def simulate(
                 f"{num_blocks - 1} usable blocks of {block_size} tokens hold"
             )
     result.num_preemptions = sched.num_preemptions
+    result.causes = dict(sched.causes)
     return result
