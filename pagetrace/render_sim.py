@@ -55,11 +55,11 @@ def causes_table(summary: Summary) -> Table:
 
 def waste_table(summary: Summary) -> Table:
     t = Table(title="KV memory handed to requests, by use (Kwon et al. 2023, Fig. 2)", title_justify="left")
-    t.add_column("system")
+    t.add_column("system", no_wrap=True)
     for c in CATEGORIES:
-        t.add_column(c, justify="right")
+        t.add_column(c.replace("fragmentation", "frag."), justify="right")
     t.add_column("steps", justify="right")
-    t.add_column("peak running", justify="right")
+    t.add_column("peak run", justify="right")
     for w in summary.waste:
         t.add_row(w.system, *(f"{v:.1%}" for v in w.shares().values()), str(w.steps), str(w.peak_running))
     return t

@@ -162,6 +162,17 @@ def tokens(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
+def test_capacity_formula_matches_vllm(engine):
+    """pagetrace.capacity's bytes per block give vLLM's own pool size for the same budget."""
+    from pagetrace.capacity import ModelDims, capacity
+
+    llm, _ = engine
+    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    for extra in (0, BYTES_PER_BLOCK - 1):  # block rounding: a block less one byte adds no block
+        cap = capacity(ModelDims(2, 2, 32, "bf16"), NUM_BLOCKS * BYTES_PER_BLOCK + extra, BLOCK_SIZE)
+        assert cap.num_blocks == pool.num_gpu_blocks == NUM_BLOCKS
+
+
 def test_shared_prefix_longer_than_a_block(engine):
     """The case tried by hand: a 69-token prefix, block size 32 -> [1,2,3] and [1,2,4], 64 cached."""
     base = tokens(100, 69)

@@ -43,7 +43,7 @@ def simulate(
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
     max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
-    max_model_len: Annotated[int, typer.Option(help="Longest request: Orca (Max) reserves this much for every request.")] = 2048,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Automatic prefix caching.")] = True,
     chunked_prefill: Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Split prompts longer than the token budget.")] = True,
     at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
@@ -68,7 +68,7 @@ def simulate(
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
                                ("--max-num-batched-tokens", max_num_batched_tokens, 1), ("--max-num-seqs", max_num_seqs, 1),
-                               ("--max-model-len", max_model_len, 1), ("--timeline-rows", timeline_rows, 0), ("--shared-prefix", shared_prefix, 0)):
+                               ("--max-model-len", max_model_len or 1, 1), ("--timeline-rows", timeline_rows, 0), ("--shared-prefix", shared_prefix, 0)):
         if value < low:
             raise UsageError(option, value, f"must be at least {low}")
     if num_blocks > MAX_BLOCKS:
@@ -96,8 +96,15 @@ def simulate(
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
         workload = synthetic(spec)
+    pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
-    if longest > max_model_len:
+    if longest > pool_tokens:
+        raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {num_blocks - 1} usable blocks of {block_size} hold {pool_tokens}")
+    if max_model_len is None:
+        max_model_len = min(max(2048, longest), pool_tokens)
+    elif max_model_len > pool_tokens:
+        raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
+    elif longest > max_model_len:
         raise UsageError("--max-model-len", max_model_len, f"a request stores {longest} tokens; raise it to at least that")
 
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)

@@ -11,7 +11,8 @@ over the run (slot-steps), as shares of the memory the system has handed to requ
 
 Contiguous baselines (Orca) reserve, at admission, one contiguous range of slots (first
 fit in a pool of the same number of slots as the paged pool) of size:
-Max = the model's maximum length; Pow2 = the final length rounded up to a power of two;
+Max = the model's maximum length; Pow2 = the final length rounded up to a power of two
+(at most the maximum length);
 Oracle = exactly the final length. The final length is prompt + output - 1 stored tokens
 (the last sampled token is never written). Each step a running request stores its prompt
 (first step) or one token; it frees its range when it finishes.
@@ -110,8 +111,8 @@ class FirstFit:
 def reservation_size(mode: str, final_len: int, max_model_len: int) -> int:
     if mode == "max":
         return max_model_len
-    if mode == "pow2":
-        return 1 << (final_len - 1).bit_length()
+    if mode == "pow2":  # never more than the longest request can use
+        return min(1 << (final_len - 1).bit_length(), max_model_len)
     return final_len
 
 
