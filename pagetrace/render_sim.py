@@ -31,14 +31,16 @@ def _names(ids: list[str], limit: int = 4) -> str:
 
 def timeline(steps: list[StepRecord], rows: int, usable: int) -> Table:
     shown = pick_steps(steps, rows)
-    t = Table(title=f"Step timeline ({len(shown)} of {len(steps)} steps: those with events)", title_justify="left")
-    for col in ("step", "ran", "tokens", "admitted", "hit tok", "new blocks", "evicted", "preempted", "finished", "free blocks"):
+    t = Table(title=f"Step timeline ({len(shown)} of {len(steps)} steps: those with events)", title_justify="left",
+              caption="ran: requests run; tok: tokens computed; hits: prefix-hit tokens; +blk: blocks allocated; "
+              "evict: cached blocks reused", caption_justify="left")
+    for col in ("step", "ran", "tok", "admitted", "hits", "+blk", "evict", "preempted", "finished", "free"):
         t.add_column(col, justify="right" if col not in ("admitted", "preempted", "finished") else "left")
     for s in shown:
         t.add_row(
             str(s.step), str(s.scheduled), str(s.tokens), _names(s.admitted), str(s.hit_tokens),
             str(s.allocated), str(s.evicted), f"[bold red]{_names(s.preempted)}[/]" if s.preempted else "",
-            _names(s.finished), f"{s.free_blocks}/{usable}",
+            _names(s.finished), str(s.free_blocks),
         )
     return t
 

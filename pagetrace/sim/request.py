@@ -35,17 +35,21 @@ class SimRequest:
     finished_step: int | None = None
     block_hashes: list[int] = field(default_factory=list)
     content_hashes: list[int] = field(default_factory=list)  # the same chain without extra keys
+    prompt_len: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + self.num_generated
+        return self.prompt_len + self.num_generated
 
     @property
     def max_tokens(self) -> int:
         return len(self.output)
 
     def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
-        p = len(self.prompt)
+        p = self.prompt_len
         if stop <= p:
             return tuple(self.prompt[start:stop])
         if start >= p:

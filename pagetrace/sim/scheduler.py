@@ -89,9 +89,18 @@ class Scheduler:
 
         i = 0
         running = self.running
+        tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
+            c = req.num_computed
+            n = min(req.prompt_len + req.num_generated - c, budget)
+            if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
+                # A decode step inside the last block that fills no block: allocate_slots would
+                # allocate nothing and cache nothing, so skip the call (the simulator's hot path).
+                scheduled.append((req, 1))
+                budget -= 1
+                i += 1
+                continue
             if n == 0:
                 i += 1
                 continue
@@ -151,8 +160,6 @@ class Scheduler:
                     policy.free(req)
                     running.remove(req)
                     finished.append(req.request_id)
-        bs = policy.block_size
-        tables = policy.req_to_blocks
         empty = sum(len(tables[r.request_id]) * bs - r.num_computed for r in running)
         record = StepRecord(
             step=self.step_count,
