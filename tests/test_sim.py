@@ -198,3 +198,45 @@ def test_causes_evicted_and_extra_key():
     c = causes_of([first, *filler, again, salted], num_blocks=5)  # 4 usable: the filler evicts 'a'
     assert c["evicted"] == 48 and c["different extra key"] == 48 and c["hit"] == 0
     assert sum(c.values()) == sum(len(r.prompt) for r in [first, *filler, again, salted])
+
+
+def _trace(result):
+    steps = [tuple(getattr(s, f) for f in s.__slots__) for s in result.steps]
+    reqs = [(r.request_id, r.num_cached_tokens, r.first_scheduled, r.finished_step, r.num_preemptions, r.num_generated)
+            for r in result.requests]
+    return steps, reqs
+
+
+@pytest.mark.parametrize(
+    ("spec", "num_blocks", "block_size", "budget", "caching"),
+    [
+        (SyntheticSpec(requests=60, prompt_len=(5, 90), output_len=(1, 70), shared_prefix=20, n=2, arrival_rate=0.7, seed=1), 48, 16, 4096, True),
+        (SyntheticSpec(requests=80, prompt_len=(1, 60), output_len=(1, 40), arrival_rate=0.0, seed=2), 40, 8, 4096, True),
+        (SyntheticSpec(requests=40, prompt_len=(30, 200), output_len=(5, 50), shared_prefix=64, arrival_rate=1.5, seed=3), 120, 16, 100, True),
+        (SyntheticSpec(requests=50, prompt_len=(5, 90), output_len=(1, 70), arrival_rate=0.5, seed=4), 30, 16, 4096, False),
+    ],
+)
+def test_cruising_changes_nothing(spec, num_blocks, block_size, budget, caching, monkeypatch):
+    """Skipping the requests whose step changes nothing gives the same steps, tables and
+    requests as running every request every step; the incremental empty-slot count is the
+    direct sum."""
+    from pagetrace.sim import scheduler as sched_mod
+
+    cfg = SchedulerConfig(max_num_batched_tokens=budget)
+    fast = simulate(synthetic(spec), num_blocks, block_size, cfg, caching, tables_at=range(400))
+    seen = []
+    step = sched_mod.Scheduler.step
+
+    def slow_step(self):
+        self.cruise = False
+        record = step(self)
+        direct = sum(len(self.policy.block_ids(r.request_id)) * block_size - r.num_computed for r in self.running)
+        seen.append(record.empty_slots == direct)
+        return record
+
+    monkeypatch.setattr(sched_mod.Scheduler, "step", slow_step)
+    slow = simulate(synthetic(spec), num_blocks, block_size, cfg, caching, tables_at=range(400))
+    assert _trace(fast) == _trace(slow)
+    assert fast.tables_at == slow.tables_at
+    assert all(seen) and len(seen) == len(slow.steps)
+    assert fast.num_preemptions == slow.num_preemptions

@@ -36,6 +36,9 @@ class SimRequest:
     block_hashes: list[int] = field(default_factory=list)
     content_hashes: list[int] = field(default_factory=list)  # the same chain without extra keys
     prompt_len: int = field(init=False)
+    seq: int = 0  # admission order: the running list is sorted by it
+    synced: int = 0  # step at whose start num_computed/num_generated hold (cruising requests run ahead)
+    event_step: int = -1  # next step a cruising request allocates, caches or finishes
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt)

@@ -15,6 +15,13 @@ no speculative decoding, no KV connector, no encoder:
 3. After the step: each request whose computed tokens reach its known tokens samples one
    token; a request with all its output tokens finishes and frees its blocks, in the
    order requests were scheduled.
+
+Cruising (the simulator's speed, not vLLM's logic): when every running request is decoding
+and the budget covers them all, a request's step changes nothing in the pool unless it
+needs a new block, fills a block (which gets cached) or finishes. Such a request only counts
+tokens, so its counters are left to advance with the step number (`synced`) and it is
+touched only at its next event step; the others run exactly as above, in running order. A
+step with a prefill chunk runs every request explicitly.
 """
 
 from __future__ import annotations
@@ -60,65 +67,125 @@ class Scheduler:
     policy: KVCachePolicy
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
     waiting: deque = field(default_factory=deque)
-    running: list = field(default_factory=list)
+    running: list = field(default_factory=list)  # in admission order (`seq` increasing)
     step_count: int = 0
     num_preemptions: int = 0
     causes: dict = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # prompt tokens by hit/miss cause
+    cruise: bool = True  # skip the requests whose step changes nothing (exact; see the module doc)
+    _cruising: bool = False  # every running request is decoding and has its event step filed
+    _events: dict = field(default_factory=dict)  # step -> cruising requests with an event then
+    _seq: int = 0
+    _held_slots: int = 0  # slots of the running requests' blocks
+    _computed: int = 0  # tokens computed by the running requests
 
     def add(self, req: SimRequest) -> None:
         self.waiting.append(req)
 
+    @staticmethod
+    def _sync(req: SimRequest, step: int) -> None:
+        """Bring a cruising request's counters to the start of `step`."""
+        d = step - req.synced
+        req.num_computed += d
+        req.num_generated += d
+        req.synced = step
+
+    def _file_event(self, req: SimRequest) -> None:
+        """The next step at which this decoding request allocates, caches or finishes."""
+        bs = self.policy.block_size
+        c = req.num_computed
+        quiet = min(len(self.policy.req_to_blocks[req.request_id]) * bs - c, req.max_tokens - req.num_generated - 1)
+        if self.policy.enable_caching:
+            quiet = min(quiet, (bs - (c + 1) % bs) % bs)
+        req.event_step = req.synced + quiet
+        self._events.setdefault(req.event_step, []).append(req)
+
+    def _release(self, req: SimRequest) -> None:
+        self._held_slots -= len(self.policy.block_ids(req.request_id)) * self.policy.block_size
+        self._computed -= req.num_computed
+        self.policy.free(req)
+
     def _preempt(self, req: SimRequest) -> None:
         """scheduler.py `_preempt_request`: free, reset, back to the front of the queue."""
-        self.policy.free(req)
+        self._release(req)
         req.status = PREEMPTED
         req.num_computed = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def _allocate_running(self, req: SimRequest, n: int, preempted: list[str]) -> list[int] | None:
+        """`allocate_slots`, preempting the last running request until it fits (or is this one)."""
+        running = self.running
+        while True:
+            new_blocks = self.policy.allocate_slots(req, n)
+            if new_blocks is not None:
+                self._held_slots += len(new_blocks) * self.policy.block_size
+                return new_blocks
+            victim = running.pop()
+            if self._cruising:
+                self._sync(victim, self.step_count)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is req:
+                return None
+
     def step(self) -> StepRecord:
         policy, cfg = self.policy, self.config
         pool = policy.pool
+        step = self.step_count
         evictions_before = pool.evictions
-        budget = cfg.max_num_batched_tokens
-        scheduled: list[tuple[SimRequest, int]] = []
+        running = self.running
+        cruise = self._cruising and self.cruise and len(running) <= cfg.max_num_batched_tokens
+        if self._cruising and not cruise:
+            for r in running:
+                self._sync(r, step)
+            self._events.clear()
+            self._cruising = False
+        scheduled: list[tuple[SimRequest, int]] = []  # requests run explicitly, in order
         allocated = hit_tokens = 0
         preempted: list[str] = []
         admitted: list[str] = []
 
-        i = 0
-        running = self.running
-        tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
-        while i < len(running) and budget > 0:
-            req = running[i]
-            c = req.num_computed
-            n = min(req.prompt_len + req.num_generated - c, budget)
-            if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
-                # A decode step inside the last block that fills no block: allocate_slots would
-                # allocate nothing and cache nothing, so skip the call (the simulator's hot path).
+        if cruise:  # only the requests with an event; every other running request takes its one token
+            bucket = {id(r): r for r in self._events.pop(step, ()) if r.event_step == step}  # stale entries dropped
+            due = sorted(bucket.values(), key=lambda r: r.seq)
+            for req in due:
+                if req.status != RUNNING:  # preempted earlier in this step
+                    continue
+                self._sync(req, step)
+                new_blocks = self._allocate_running(req, 1, preempted)
+                if new_blocks is None:
+                    break
+                allocated += len(new_blocks)
                 scheduled.append((req, 1))
-                budget -= 1
-                i += 1
-                continue
-            if n == 0:
-                i += 1
-                continue
-            while True:
-                new_blocks = policy.allocate_slots(req, n)
-                if new_blocks is not None:
+            budget = cfg.max_num_batched_tokens - len(running)
+            implicit = len(running) - len(scheduled)
+        else:
+            budget = cfg.max_num_batched_tokens
+            tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
+            i = 0
+            while i < len(running) and budget > 0:
+                req = running[i]
+                c = req.num_computed
+                n = min(req.prompt_len + req.num_generated - c, budget)
+                if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
+                    # A decode step inside the last block that fills no block: allocate_slots
+                    # would allocate and cache nothing, so the call is skipped.
+                    scheduled.append((req, 1))
+                    budget -= 1
+                    i += 1
+                    continue
+                if n == 0:
+                    i += 1
+                    continue
+                new_blocks = self._allocate_running(req, n, preempted)
+                if new_blocks is None:
                     break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim.request_id)
-                if victim is req:
-                    break
-            if new_blocks is None:
-                break
-            allocated += len(new_blocks)
-            scheduled.append((req, n))
-            budget -= n
-            i += 1
+                allocated += len(new_blocks)
+                scheduled.append((req, n))
+                budget -= n
+                i += 1
+            implicit = 0
 
         if not preempted:
             waiting = self.waiting
@@ -136,35 +203,61 @@ class Scheduler:
                     break
                 waiting.popleft()
                 running.append(req)
+                self._seq += 1
+                req.seq, req.synced = self._seq, step
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_hit
                     for cause, n_tokens in why.items():
                         self.causes[cause] += n_tokens
-                    req.first_scheduled = self.step_count
+                    req.first_scheduled = step
                     hit_tokens += num_hit
                 req.status = RUNNING
                 req.num_computed = num_hit
+                self._computed += num_hit
+                self._held_slots += len(policy.block_ids(req.request_id)) * policy.block_size
                 allocated += len(new_blocks)
                 admitted.append(req.request_id)
                 scheduled.append((req, n))
                 budget -= n
 
+        tokens = implicit + sum(n for _, n in scheduled)
+        self._computed += tokens
         finished: list[str] = []
+        all_decoding = True
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
             req.num_computed += n
+            req.synced = step + 1
             if req.num_computed >= req.num_tokens:
                 req.num_generated += 1
                 if req.num_generated >= req.max_tokens:
                     req.status = FINISHED
-                    req.finished_step = self.step_count
-                    policy.free(req)
+                    req.finished_step = step
+                    self._release(req)
                     running.remove(req)
                     finished.append(req.request_id)
-        empty = sum(len(tables[r.request_id]) * bs - r.num_computed for r in running)
+                    continue
+            if req.num_tokens - req.num_computed != 1:
+                all_decoding = False
+        if self.cruise:
+            if cruise and all_decoding:
+                for req, _ in scheduled:
+                    if req.status == RUNNING:
+                        self._file_event(req)
+            elif all_decoding and all(r.num_tokens - r.num_computed == 1 for r in running):
+                self._events.clear()
+                for req in running:
+                    req.synced = step + 1
+                    self._file_event(req)
+                self._cruising = True
+            elif cruise:  # a prefill chunk continues: the next step runs everyone explicitly
+                for r in running:
+                    self._sync(r, step + 1)
+                self._events.clear()
+                self._cruising = False
         record = StepRecord(
-            step=self.step_count,
-            scheduled=len(scheduled),
-            tokens=sum(n for _, n in scheduled),
+            step=step,
+            scheduled=implicit + len(scheduled),
+            tokens=tokens,
             allocated=allocated,
             hit_tokens=hit_tokens,
             evicted=pool.evictions - evictions_before,
@@ -175,7 +268,7 @@ class Scheduler:
             used_blocks=pool.num_blocks - 1 - pool.num_free,
             waiting=len(self.waiting),
             running=len(running),
-            empty_slots=empty,
+            empty_slots=self._held_slots - self._computed,
         )
         self.step_count += 1
         return record
