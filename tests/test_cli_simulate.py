@@ -111,3 +111,16 @@ def test_capacity_from_config(capsys, tmp_path):
                                               (["--layers", "0"], "--layers"), (["--config", "/nonexistent.json"], "--config")])
 def test_capacity_bad_options(capsys, args, option):
     assert_usage_error(cli(capsys, "capacity", *args), option)
+
+
+def test_simulate_and_capacity_import_no_heavy_modules():
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from pagetrace.cli import run_cli; run_cli(['capacity', '--json']); "
+        "run_cli(['simulate', '--requests', '5', '--json']); "
+        "print(sorted(m for m in ('torch', 'triton', 'graphviz', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("[]")
