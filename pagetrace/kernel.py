@@ -199,7 +199,48 @@ def cache_geometry(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: s
     return shape["slot"], shape.get("head", 1), shape.get("dim_lo", 1)
 
 
-def launch(
+@dataclass(slots=True)
+class Launch:
+    """One kernel launch exactly as the launcher makes it: call it to run it, or hand it to
+    `pagetrace.gpu_compile` to compile it for a GPU architecture without a GPU."""
+
+    kernel: object  # a triton JITFunction (or the interpreter's stand-in for one)
+    grid: tuple[int, int, int]
+    args: tuple
+    constexprs: dict[str, object]
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs)
+
+
+@dataclass(slots=True)
+class LaunchPlan:
+    """The launches of one call, in order, and the tensors they write."""
+
+    launches: list[Launch]
+    partition_size: int
+    block_n: int
+    out: torch.Tensor
+    lse: torch.Tensor
+    trace: KernelTrace | None
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
+        for one in self.launches:
+            one()
+        return self.out, self.lse, self.trace
+
+
+def launch(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
+    """Run the partition kernel and the reduce; returns (output, lse, trace or None).
+    Takes `plan_launches`'s arguments."""
+    return plan_launches(*args, **kwargs).run()
+
+
+def plan_launches(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -212,8 +253,12 @@ def launch(
     partition_size: int = 512,
     block_n: int = 64,
     max_seq_len: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
-    """Run the partition kernel and the reduce; returns (output, lse, trace or None)."""
+) -> LaunchPlan:
+    """Allocate the outputs and work buffers and build the launches, without running them.
+
+    Nothing here reads tensor data, so inputs on the "meta" device plan a launch of any
+    size for free (that is how `pagetrace.gpu_compile` compiles what a GPU would run).
+    """
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads, x = cache_geometry(key_cache, value_cache, layout)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
@@ -247,7 +292,7 @@ def launch(
     logit_strides = logits.stride() if trace else (0, 0, 0)
     slot_strides = slots.stride() if trace else (0, 0)
 
-    _paged_attention_partition[(num_parts, num_kv_heads, num_seqs)](
+    partition = Launch(_paged_attention_partition, (num_parts, num_kv_heads, num_seqs), (
         query, key_cache, value_cache, block_tables, seq_lens,
         part_out, part_m, part_l,
         slots, parts, logits,
@@ -260,21 +305,23 @@ def launch(
         *part_m.stride(),
         *slot_strides,
         *logit_strides,
+    ), dict(
         GROUP=group, GROUP_P=_pow2(group, 16),
         HEAD_DIM=head_dim, HEAD_DIM_P=_pow2(head_dim, 16), X=x,
         BLOCK_N=block_n, PARTITION_SIZE=partition_size,
         TRACE=trace, IEEE_DOT=query.dtype == torch.float32 or (interpreted() and query.dtype == torch.bfloat16),
-    )
+    ))
     out = torch.empty_like(query)
     lse = torch.empty(num_seqs, num_heads, dtype=torch.float32, device=device)
-    _paged_attention_reduce[(num_seqs, num_heads)](
+    reduce = Launch(_paged_attention_reduce, (num_seqs, num_heads, 1), (
         part_out, part_m, part_l, out, lse, seq_lens,
         *part_out.stride(),
         *part_m.stride(),
         *out.stride(),
         *lse.stride(),
+    ), dict(
         HEAD_DIM=head_dim, HEAD_DIM_P=_pow2(head_dim, 16),
         PARTITION_SIZE=partition_size, PARTS_TILE=_pow2(min(num_parts, 32), 2),
-    )
+    ))
     kernel_trace = KernelTrace(slots, parts, logits, lse) if trace else None
-    return out, lse, kernel_trace
+    return LaunchPlan([partition, reduce], partition_size, block_n, out, lse, kernel_trace)
