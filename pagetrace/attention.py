@@ -36,7 +36,8 @@ INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
 INTERPRET_PARTITION = 4096
 GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_block_n)
-GPU_PARTITION = 512
+GPU_PARTITION = 512  # the longest split-K partition on a GPU; shorter when the batch is small (gpu_partition_size)
+GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
 
 
@@ -77,6 +78,15 @@ def gpu_block_n(head_dim: int, element_size: int) -> int:
     return max(16, min(GPU_BLOCK_N, 1 << max(0, fit.bit_length() - 1)))
 
 
+def gpu_partition_size(max_seq_len: int, num_seqs: int, num_kv_heads: int, block_n: int, num_sms: int) -> int:
+    """Tokens per split-K partition on a GPU: short enough that the (sequence, KV head,
+    partition) programs fill GPU_PROGRAMS_PER_SM x num_sms, never under one tile nor
+    over GPU_PARTITION. A power of two, so a multiple of block_n."""
+    parts = max(1, -(-GPU_PROGRAMS_PER_SM * num_sms // (num_seqs * num_kv_heads)))
+    size = 1 << max(0, (-(-max_seq_len // parts) - 1).bit_length())
+    return min(GPU_PARTITION, max(block_n, size))
+
+
 @functools.cache
 def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -94,7 +104,7 @@ def plan_kernel(
     if on_gpu:
         block_n = block_n or gpu_block_n(head_dim, query.element_size())
         num_sms = num_sms or sm_count(query.device)
-        partition_size = partition_size or max(GPU_PARTITION, block_n)
+        partition_size = partition_size or gpu_partition_size(max_seq_len, query.shape[0], num_kv_heads, block_n, num_sms)
     else:
         block_n = block_n or INTERPRET_BLOCK_N
         partition_size = partition_size or max(INTERPRET_PARTITION, block_n)
