@@ -1,0 +1,162 @@
+"""Mutation testing by hand: realistic one-line bugs, applied one at a time to a copy of
+the package, each run against the tests that should catch it.
+
+    python scripts/mutations.py                # every mutation (about 10 minutes on 2 cores)
+    python scripts/mutations.py --only layouts # the ones whose name contains "layouts"
+    python scripts/mutations.py --list
+
+A mutation is *caught* when its tests fail (or error), *missed* when they pass. A
+mutation whose text is no longer in the source is reported as stale and not counted:
+update it when the code moves. The score and the command go in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNEL_TESTS = [
+    "tests/test_kernel.py::test_worked_example_numbers",
+    "tests/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute",
+    "tests/test_kernel.py::test_many_partitions_merge",
+]
+LAYOUT_TESTS = ["tests/test_layout_conventions.py", "tests/test_layouts.py", "tests/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute"]
+BLOCK_TESTS = ["tests/test_blocks.py", "tests/test_cli_lookup.py"]
+RUN_TESTS = ["tests/test_cli_run.py", "tests/test_cli_run_report.py"]
+CLI_TESTS = ["tests/test_cli_app.py", "tests/test_cli_lookup.py"]
+WHERE_TESTS = ["tests/test_layout_conventions.py"]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: list[str]
+
+
+MUTATIONS = [
+    # block-table arithmetic
+    Mutation("blocks: logical block off by one", "pagetrace/blocks.py", "logical_block, offset = divmod(token, block_size)", "logical_block, offset = divmod(token + 1, block_size)", BLOCK_TESTS),
+    Mutation("blocks: slot without the block size", "pagetrace/blocks.py", "slot=physical_block * block_size + offset,", "slot=physical_block + offset,", BLOCK_TESTS),
+    Mutation("blocks: capacity one block too many", "pagetrace/blocks.py", "return len(table) * block_size", "return (len(table) + 1) * block_size", BLOCK_TESTS),
+    Mutation("blocks: coverage last token inclusive+1", "pagetrace/blocks.py", "min(first + block_size, seq_len) - 1", "min(first + block_size, seq_len)", BLOCK_TESTS),
+    Mutation("blocks: blocks_needed floors", "pagetrace/blocks.py", "return cdiv(seq_len, block_size)", "return seq_len // block_size + 1", BLOCK_TESTS),
+    Mutation("blocks: pool bound off by one", "pagetrace/blocks.py", "if num_blocks is not None and physical >= num_blocks:", "if num_blocks is not None and physical > num_blocks:", BLOCK_TESTS),
+    Mutation("blocks: repeats allowed", "pagetrace/blocks.py", "if physical in seen and not allow_repeats:", "if False:", BLOCK_TESTS),
+    Mutation("blocks: slot_mapping offset", "pagetrace/blocks.py", "* block_size + t % block_size for t in range(seq_len)]", "* block_size + t // block_size for t in range(seq_len)]", BLOCK_TESTS),
+    # layouts
+    Mutation("layouts: hnd head and slot swapped", "pagetrace/layouts.py", '''            ("block", "head", "slot", "dim"),
+            ("block", "head", "slot", "dim"),
+        ),''', '''            ("block", "slot", "head", "dim"),
+            ("block", "slot", "head", "dim"),
+        ),''', LAYOUT_TESTS),
+    Mutation("layouts: vllm value dim and slot swapped", "pagetrace/layouts.py", '''            ("block", "head", "dim", "slot"),
+        ),''', '''            ("block", "head", "slot", "dim"),
+        ),''', LAYOUT_TESTS),
+    Mutation("layouts: vllm key chunk of 8 bytes", "pagetrace/layouts.py", "VLLM_KEY_CHUNK_BYTES = 16", "VLLM_KEY_CHUNK_BYTES = 8", LAYOUT_TESTS),
+    Mutation("layouts: strides not reversed", "pagetrace/layouts.py", "    return tuple(reversed(strides))", "    return tuple(strides)", LAYOUT_TESTS),
+    Mutation("layouts: byte offset in elements", "pagetrace/layouts.py", "byte_offset=offsets[0] * geom.element_size,", "byte_offset=offsets[0],", LAYOUT_TESTS),
+    Mutation("layouts: value in the key half", "pagetrace/layouts.py", '"kv": 0 if which == "key" else 1,', '"kv": 0,', LAYOUT_TESTS),
+    Mutation("layouts: flash-hnd in NHD memory order", "pagetrace/layouts.py", '''            ("kv", "block", "head", "slot", "dim"),
+            ("kv", "block", "head", "slot", "dim"),''', '''            ("kv", "block", "slot", "head", "dim"),
+            ("kv", "block", "slot", "head", "dim"),''', LAYOUT_TESTS),
+    Mutation("layouts: flashinfer kv outermost", "pagetrace/layouts.py", '_FI_VIEW = ("block", "kv", "slot", "head", "dim")', '_FI_VIEW = ("kv", "block", "slot", "head", "dim")', LAYOUT_TESTS),
+    Mutation("layouts: block base from the block stride alone", "pagetrace/layouts.py", "block_base=element_offset(geom, which, block, 0, 0, 0, strides),", "block_base=block * strides[0],", LAYOUT_TESTS + BLOCK_TESTS),
+    Mutation("dtypes: bf16 four bytes", "pagetrace/dtypes.py", '"bf16": 2, "fp8_e4m3"', '"bf16": 4, "fp8_e4m3"', LAYOUT_TESTS + CLI_TESTS),
+    Mutation("lookup: chunk bytes in elements", "pagetrace/lookup.py", '"byte_offset": c.element_offset * addr.element_size,', '"byte_offset": c.element_offset,', LAYOUT_TESTS + CLI_TESTS),
+    # the kernel and its launcher
+    Mutation("kernel: partition end past the sequence", "pagetrace/kernel.py", "end = tl.minimum(start + partition_size, seq_len)", "end = start + partition_size", KERNEL_TESTS),
+    Mutation("kernel: key ignores the KV head", "pagetrace/kernel.py", "k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh", "k_token = physical * stride_kb + offset * stride_ko", KERNEL_TESTS),
+    Mutation("kernel: rescale factor inverted", "pagetrace/kernel.py", "alpha = tl.exp(m_i - m_safe)", "alpha = tl.exp(m_safe - m_i)", KERNEL_TESTS),
+    Mutation("kernel: traced slot without offset", "pagetrace/kernel.py", "slot = physical * block_size + offset", "slot = physical * block_size", KERNEL_TESTS + ["tests/test_cli_run.py::test_run_json_carries_every_row"]),
+    Mutation("launcher: block-table strides swapped", "pagetrace/kernel.py", "*block_tables.stride(),", "*reversed(block_tables.stride()),", KERNEL_TESTS),
+    # run's check and report
+    Mutation("report: fp32 tolerance x1000", "pagetrace/report.py", '"fp32": 1e-5', '"fp32": 1e-2', RUN_TESTS),
+    Mutation("report: bf16 tolerance x1000", "pagetrace/report.py", '"bf16": 1.6e-2', '"bf16": 16.0', RUN_TESTS),
+    Mutation("report: comparison ignores the bound", "pagetrace/report.py", "passed = bool((diff <= tol * (1 + want.abs())).all())", "passed = bool((diff <= tol * (1 + want.abs()) * 1000).all())", RUN_TESTS),
+    Mutation("report: slot check compares with itself", "pagetrace/report.py", "torch.nonzero(got != want)", "torch.nonzero(got != got)", RUN_TESTS + ["tests/test_report.py"]),
+    Mutation("report: block mass misses the last token", "pagetrace/report.py", "cumulative[span.last_token + 1] - cumulative[span.first_token]", "cumulative[span.last_token] - cumulative[span.first_token]", RUN_TESTS),
+    Mutation("render_run: repeated blocks need three", "pagetrace/commands/run.py", "if n > 1}", "if n > 2}", RUN_TESTS),
+    Mutation("render_run: plural always", "pagetrace/render_run.py", 'noun = what if count != 1 else what.removesuffix("s")', "noun = what", RUN_TESTS),
+    Mutation("run: torch backend claims the kernel check", "pagetrace/commands/run.py", '("slots", slots_line(checks, kernel_ran=s.backend != "torch")),', '("slots", slots_line(checks, kernel_ran=True)),', RUN_TESTS),
+    # where
+    Mutation("where: owner token without offset", "pagetrace/where.py", "SlotOwner(s, logical, logical * block_size + offset)", "SlotOwner(s, logical, logical * block_size)", WHERE_TESTS),
+    Mutation("where: split key dim not recombined", "pagetrace/where.py", 'coords["dim_hi"] * geom.x + coords["dim_lo"]', 'coords["dim_hi"] + coords["dim_lo"]', WHERE_TESTS),
+    # the command line
+    Mutation("cli: unicode digits accepted", "pagetrace/cli_types.py", '_ASCII_INT = re.compile(r"-?[0-9]+")', '_ASCII_INT = re.compile(r"-?\\d+")', CLI_TESTS),
+    Mutation("cli: usage errors exit 1", "pagetrace/cli.py", "        return _fail(str(exc), 2)", "        return _fail(str(exc), 1)", CLI_TESTS),
+    Mutation("cli: aliases ignored", "pagetrace/cli_types.py", "canonical = self.aliases.get(text.lower(), text)", "canonical = text", CLI_TESTS),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    for name in ("pagetrace", "tests"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+
+
+def run_tests(workdir: Path, tests: list[str], timeout: int) -> tuple[bool, float]:
+    """True when the tests pass (the mutation is missed)."""
+    existing = [t for t in tests if (workdir / t.split("::")[0]).exists()]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *existing],
+            cwd=workdir, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        passed = proc.returncode == 0
+    except subprocess.TimeoutExpired:
+        passed = False  # a hang is a caught mutation: the suite did not pass
+    return passed, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="run the mutations whose name contains this text")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per mutation's tests")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if args.only in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}  ({m.path})")
+        return 0
+    caught, missed, stale = [], [], []
+    with tempfile.TemporaryDirectory(prefix="pagetrace-mutations-") as tmp:
+        work = Path(tmp)
+        copy_tree(work)
+        for m in chosen:
+            target = work / m.path
+            original = (ROOT / m.path).read_text()
+            if original.count(m.old) != 1:
+                stale.append(m)
+                print(f"STALE   {m.name}: the text to mutate is not in {m.path} exactly once", flush=True)
+                continue
+            target.write_text(original.replace(m.old, m.new))
+            try:
+                passed, seconds = run_tests(work, m.tests, args.timeout)
+            finally:
+                target.write_text(original)
+            (missed if passed else caught).append(m)
+            print(f"{'MISSED' if passed else 'caught'}  {m.name}  ({seconds:.0f} s)", flush=True)
+    counted = len(caught) + len(missed)
+    score = 100 * len(caught) / counted if counted else 0.0
+    print(f"\n{len(caught)} of {counted} mutations caught ({score:.0f}%); {len(stale)} stale")
+    for m in missed:
+        print(f"  missed: {m.name}")
+    return 0 if not missed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
