@@ -172,7 +172,7 @@ def _exit_code(call) -> int:
     except exceptions.ClickException as exc:
         message = " ".join(exc.format_message().split())
         return _fail(message[:1].lower() + message[1:], exc.exit_code)
-    except exceptions.Abort:
+    except typer.Abort:
         return _fail("aborted", 1)
     except Exception as exc:
         if os.environ.get("PAGETRACE_DEBUG"):

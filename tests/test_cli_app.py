@@ -112,3 +112,22 @@ def test_choices_are_case_insensitive_and_listed_in_help():
     code, out, _ = invoke("run", "--help")
     for listed in ("fp8_e4m3", "interpret", "vllm", "cuda:N"):
         assert listed in out.replace("\n", "").replace("│", "").replace(" ", "") or listed in out
+
+
+def test_abort_and_internal_errors_are_one_line(monkeypatch):
+    import typer
+
+    import pagetrace.commands.lookup as lookup_command
+
+    def abort(*args, **kwargs):
+        raise typer.Abort()
+
+    monkeypatch.setattr(lookup_command, "trace_token", abort)
+    assert_one_line(*invoke("lookup"), "aborted", want=1)
+
+    def bug(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(lookup_command, "trace_token", bug)
+    code, out, err = invoke("lookup")
+    assert code == 1 and "internal error: ZeroDivisionError" in err and "Traceback" not in err
