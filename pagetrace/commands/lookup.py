@@ -16,6 +16,14 @@ HELP = "Trace one token through the block table to the exact element and byte ad
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
 
 
+# the cache geometry's options, shared with `where`
+BlockSizeOption = Annotated[int, typer.Option(help="Tokens per block.")]
+HeadDimOption = Annotated[int, typer.Option(help="Elements per key/value vector.")]
+KvHeadsOption = Annotated[int, typer.Option(help="KV heads in the cache.")]
+DtypeOption = Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")]
+LayoutOption = Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case); flash* and flashinfer* hold K and V in one tensor, as vLLM V1 allocates them.")]
+
+
 def mapping_view(trace: TokenTrace) -> MappingView:
     """The block mapping `lookup` draws: one sequence, the traced token highlighted.
 
@@ -35,12 +43,12 @@ def mapping_view(trace: TokenTrace) -> MappingView:
 def lookup(
     token: Annotated[int, typer.Option(help="Token position in the sequence (0-based).")] = 20,
     table: Annotated[str, typer.Option(help="Block table: physical block of each logical block, comma-separated.")] = "7,2,15",
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
-    head_dim: Annotated[int, typer.Option(help="Elements per key/value vector.")] = 8,
-    kv_heads: Annotated[int, typer.Option(help="KV heads in the cache.")] = 1,
+    block_size: BlockSizeOption = 16,
+    head_dim: HeadDimOption = 8,
+    kv_heads: KvHeadsOption = 1,
     head: Annotated[int, typer.Option(help="Which KV head to address.")] = 0,
-    dtype: Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")] = "fp32",
-    layout: Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case); flash* and flashinfer* hold K and V in one tensor, as vLLM V1 allocates them.")] = "blocks",
+    dtype: DtypeOption = "fp32",
+    layout: LayoutOption = "blocks",
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1).")] = None,
     svg: SvgOption = None,
     png: PngOption = None,

@@ -7,9 +7,10 @@ from typing import Annotated
 import typer
 
 from ..blocks import parse_int_list
-from ..cli_types import AliasChoice, dtype_choice, layout_choice
+from ..cli_types import AliasChoice
 from ..errors import UsageError
 from ..where import Place, where_byte, where_geometry, where_slot
+from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption, LayoutOption
 
 HELP = "Reverse lookup: which block, offset, KV head, dim, key or value (and, given block tables, which sequence and token) a slot or a byte offset is."
 EPILOG = "Example: pagetrace where --byte 1152 --table 7,2,15   (token 20's key in the worked example); pagetrace where --slot 36 --table 7,2,15"
@@ -22,11 +23,11 @@ def where(
     byte: Annotated[int | None, typer.Option(help="A byte offset from the base of the cache tensor.")] = None,
     cache: Annotated[str | None, typer.Option(click_type=AliasChoice(("key", "value")), help="Which tensor --byte is in, for layouts with one tensor per cache (default key).")] = None,
     table: Annotated[list[str] | None, typer.Option(help="Block table of a sequence, comma-separated; repeat once per sequence, to learn which token it is.")] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
-    head_dim: Annotated[int, typer.Option(help="Elements per key/value vector.")] = 8,
-    kv_heads: Annotated[int, typer.Option(help="KV heads in the cache.")] = 1,
-    dtype: Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case, aliases as in lookup).")] = "fp32",
-    layout: Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case), as in lookup.")] = "blocks",
+    block_size: BlockSizeOption = 16,
+    head_dim: HeadDimOption = 8,
+    kv_heads: KvHeadsOption = 1,
+    dtype: DtypeOption = "fp32",
+    layout: LayoutOption = "blocks",
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1, else 16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
