@@ -91,6 +91,8 @@ def test_combined_offsets_hit_a_real_allocation(layout):
                 want = torch.tensor([(((kv * 100 + block) * 100 + slot) * 100 + head) * 100 + d for d in range(D)])
                 assert torch.equal(got, want), (layout, kv, addr)
                 assert addr.byte_offset == addr.element_offset * 2
+                # the block's part of this cache starts at its (slot 0, head 0, dim 0)
+                assert int(memory[addr.block_base]) == ((kv * 100 + block) * 100) * 100 * 100
 
 
 @settings(max_examples=200, deadline=None)
