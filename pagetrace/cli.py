@@ -59,6 +59,8 @@ def strict_numbers(command: core.Command) -> None:
             param.type = ASCII_INT
         elif isinstance(param.type, types.FloatParamType):
             param.type = ASCII_FLOAT
+    for sub in getattr(command, "commands", {}).values():  # a command group's own commands
+        strict_numbers(sub)
 
 
 def _version(value: bool) -> None:
