@@ -48,7 +48,7 @@ def test_output_norm_names_its_sequence_and_head(capsys):
     assert code == 0, err
     assert "output vector norm" in text
     norm = text.split("output vector norm", 1)[1].split("check", 1)[0]
-    assert "(sequence 0, query head 0)" in norm
+    assert "(sequence 0, head 0)" in norm
 
 
 # --- the check's tolerance, fed a known error -------------------------------------------

@@ -315,7 +315,7 @@ def render(result: RunResult):
     if s.token is not None:
         where = f" (sequence {s.seq}, KV head 0)" if several or s.kv_heads > 1 else ""
         summary.append((f"key vector norm at token {s.token}", f"{result.key_norm:.4f}{where}"))
-    where = f" (sequence {s.seq}, query head {first.head})" if several or s.heads > 1 else ""
+    where = f" (sequence {s.seq}, head {first.head})" if several or s.heads > 1 else ""
     summary += [
         ("max attention weight", f"{first.max_weight:.4f} at position {first.argmax}{where}"),
         ("output vector norm", f"{first.output_norm:.4f}{where}"),
