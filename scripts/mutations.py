@@ -136,6 +136,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pagetrace-mutations-") as tmp:
         work = Path(tmp)
         copy_tree(work)
+        # the unmutated tests must pass, or every mutation would look caught
+        baseline = sorted({t for m in chosen for t in m.tests})
+        ok, seconds = run_tests(work, baseline, args.timeout * 2)
+        print(f"baseline: the unmutated tests {'pass' if ok else 'FAIL'} ({seconds:.0f} s)", flush=True)
+        if not ok:
+            return 2
         for m in chosen:
             target = work / m.path
             original = (ROOT / m.path).read_text()
