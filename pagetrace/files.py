@@ -126,8 +126,8 @@ def check_outputs(paths: dict[str, str], stdout_taken_by: str | None = None) -> 
             raise UsageError(option, path, f"writes to stdout, where {stdout_taken_by} writes its document; give a file path")
         key = path if path == STDOUT else os.path.realpath(path)
         if key in seen:
-            same = "also writes to stdout" if path == STDOUT else "is the same file as"
-            raise UsageError(option, path, f"{same} {seen[key]}; give each output its own path")
+            same = f"writes to stdout, as {seen[key]} does" if path == STDOUT else f"is the same file as {seen[key]}"
+            raise UsageError(option, path, f"{same}; give each output its own path")
         seen[key] = option
 
 
