@@ -381,7 +381,7 @@ def test_a_scattered_table_of_half_a_million_blocks_draws_in_seconds():
     """Cells are made for what is drawn only: each table is scanned once."""
     view = scattered_million_view()
     cells, source, text, elapsed = draw_timed(view)
-    assert elapsed < 8.0, f"a scattered table of 524,288 blocks took {elapsed:.2f} s"  # three scans (cells, terminal, DOT); about 1 s each
+    assert elapsed < 30.0, f"a scattered table of 524,288 blocks took {elapsed:.2f} s"  # three linear scans, about 1 s each; a quadratic one takes hours
     table = view.sequences[0].table
     seq = cells.sequences[0]
     assert [(c.first, c.physical) for c in seq[:6]] == [(i, table[i]) for i in range(6)]

@@ -9,7 +9,8 @@ per concern:
     cells      layout_cells, check_view: the one scan from a view to its cells
     style      colours and the label text every rendering shares
     dot        build_graph, dot_source: Graphviz DOT with HTML-like labels
-    engines    find_engine, render, write_diagrams, check_output_paths
+    engines    find_engine, render, write_diagrams
+    outputs    check_output_paths: the file options, checked before any work
     terminal   terminal_mapping: a compact Rich rendering (no Graphviz)
 
 Writing files (checked up front, whole or not at all, `-` for stdout) lives in
@@ -53,10 +54,11 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     ),
     **dict.fromkeys(["build_graph", "dot_source", "logical_tooltip", "pool_tooltip"], "dot"),
     **dict.fromkeys(
-        ["PNG_DPI", "RENDER_TIMEOUT_S", "check_output_paths", "engine_candidates", "find_engine",
+        ["PNG_DPI", "RENDER_TIMEOUT_S", "engine_candidates", "find_engine",
          "graphviz_pure_engine", "render", "write_diagrams"],
         "engines",
     ),
+    **dict.fromkeys(["check_output_paths", "requested_outputs"], "outputs"),
     **dict.fromkeys(["POOL_STRIP_BLOCKS", "POOL_STRIP_WIDTH", "TERMINAL_SEQ_CELLS", "terminal_mapping"], "terminal"),
 }
 

@@ -16,6 +16,7 @@ from ..errors import RuntimeFailure
 from ..files import STDOUT, check_outputs, write_outputs
 from .dot import dot_source
 from .model import MappingView
+from .outputs import requested_outputs
 
 PNG_DPI = 144
 RENDER_TIMEOUT_S = 120
@@ -94,20 +95,6 @@ def render(source: str, fmt: str, engine: tuple[str, str]) -> bytes:
     return done.stdout
 
 
-def _requested(svg, png, dot) -> dict[str, str]:
-    return {opt: os.fspath(p) for opt, p in (("--svg", svg), ("--png", png), ("--dot", dot)) if p is not None}
-
-
-def check_output_paths(
-    svg: str | os.PathLike | None, png: str | os.PathLike | None, dot: str | os.PathLike | None, *, json: bool = False
-) -> None:
-    """Refuse, before any work, output paths that cannot be written (`pagetrace.files`):
-    UsageError names the option (--svg, --png or --dot). `json`: stdout carries the JSON
-    document, so no file may go there. A write can still fail later (a full disk);
-    `write_diagrams` then raises RuntimeFailure and leaves no file half written."""
-    check_outputs(_requested(svg, png, dot), stdout_taken_by="--json" if json else None)
-
-
 def _no_engine(requested: dict[str, str], images: list[tuple[str, str]], source: str) -> None:
     """Save the DOT source (to --dot, or beside the first image file) and say how to render it."""
     import shlex
@@ -140,7 +127,7 @@ def write_diagrams(
     `engine` defaults to `find_engine()`. Without one, the DOT source is written (to `dot`,
     or beside the first image path) and RuntimeFailure says how to render it.
     """
-    requested = _requested(svg, png, dot)
+    requested = requested_outputs(svg, png, dot)
     check_outputs(requested)
     source = dot_source(view)
     images = [(path, opt[2:]) for opt, path in requested.items() if opt != "--dot"]
