@@ -21,7 +21,6 @@ def terminal_mapping(view: MappingView):
     cells (runs collapsed, long tables elided, the traced block highlighted), then the pool
     as a strip of characters coloured by sequence."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     from ..render import HIGHLIGHT
@@ -33,10 +32,6 @@ def terminal_mapping(view: MappingView):
         edge, _ = seq_colours(s)
         n = cells.needed[s]
         parts.append(Text.assemble((seq.name, f"bold {edge}"), f" · {seq.seq_len} tokens in {n} block{'s' * (n != 1)} of {view.block_size}"))
-        strip = Table(show_header=False, box=None, padding=(0, 1))
-        strip.add_column(style="dim", justify="right")
-        for _ in seq_cells:
-            strip.add_column(justify="right", overflow="fold")
         rows: dict[str, list[Text]] = {"logical": [], "physical": [], "tokens": []}
         if seq.attention_mass is not None:
             rows["attn"] = []
@@ -49,15 +44,45 @@ def terminal_mapping(view: MappingView):
             rows["tokens"].append(Text(span(c.first_token, c.last_token) + full, style=style))
             if c.mass is not None:
                 rows["attn"].append(Text(percent(c.mass), style=style))
-        for name, row in rows.items():
-            strip.add_row(name, *row)
-        parts.append(strip)
+        parts.append(_Strip(rows))
     h = cells.hidden
     if h is not None:
         shared = f", {h.shared} of them sharing blocks" if h.shared else ""
         parts.append(Text(f"… {h.count} more sequences · {h.tokens} tokens in {h.blocks} blocks{shared}", style="dim"))
     parts.append(_pool_strip(cells, Text, HIGHLIGHT))
     return Group(*parts)
+
+
+class _Strip:
+    """A sequence's rows (logical, physical, tokens, attn) of cells, one column per cell,
+    wrapped at whole cells to the console's width: a number is never cut."""
+
+    def __init__(self, rows: dict):
+        self.rows = rows
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table
+
+        names = list(self.rows)
+        columns = list(zip(*self.rows.values()))
+        label = max(len(name) for name in names)
+        widths = [max(text.cell_len for text in column) for column in columns]
+        chunks: list[list[int]] = [[]]
+        used = label
+        for i, w in enumerate(widths):  # each column takes its width and one space before it
+            if chunks[-1] and used + 1 + w > options.max_width:
+                chunks.append([])
+                used = label
+            chunks[-1].append(i)
+            used += 1 + w
+        for chunk in chunks:
+            strip = Table(show_header=False, box=None, padding=(0, 0, 0, 1), pad_edge=False)
+            strip.add_column(style="dim", justify="right", no_wrap=True, min_width=label)
+            for i in chunk:
+                strip.add_column(justify="right", no_wrap=True, min_width=widths[i])
+            for r, name in enumerate(names):
+                strip.add_row(name, *(columns[i][r] for i in chunk))
+            yield strip
 
 
 def _pool_strip(cells: Cells, Text, highlight: str):
