@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import operator
-from itertools import accumulate, compress
+from itertools import compress
 
 from ..blocks import blocks_needed
 from ..errors import UsageError
@@ -126,7 +126,7 @@ def layout_cells(view: MappingView, max_seq_cells: int = MAX_SEQ_CELLS, max_sequ
     sequences: list[list[LogicalCell]] = [[] for _ in view.sequences]
     for s in drawn:
         sequences[s] = _sequence_cells(view, s, needed[s], scan.starts(s), traced, max_seq_cells)
-    anchored = {scan.cell_at(c.physical) for s in drawn for c in sequences[s] if not c.elided}
+    anchored = {scan.run_at(c.physical) for s in drawn for c in sequences[s] if not c.elided}
     pool = scan.pool(anchored)
     firsts = [cell.first for cell in pool]
     edges = [(c, pool[bisect.bisect_right(firsts, c.physical) - 1]) for s in drawn for c in sequences[s] if not c.elided]
@@ -183,11 +183,11 @@ def _hidden(view: MappingView, needed: list[int], drawn: list[int], sharing: set
 
 
 class _Scan:
-    """One pass over the tables: the pool's cells before summing up, as parallel lists
-    (each cell's first and last block, its used blocks (0: free) and its owners, one
-    tuple object per distinct set of owners), with running totals of the used blocks and
-    of the owner changes from cell to cell. `starts(s)`: where sequence s's cells start.
-    `cell`, `cell_at` and `pool` make the pool cells that are drawn.
+    """One pass over the tables: the used blocks in order with their owners (one tuple
+    object per distinct set of owners), then the runs of used blocks with the same owners
+    (`find_cells`); free cells are the gaps between runs. `starts(s)`: where sequence s's
+    cells start. `pool` makes the pool cells that are drawn; a stretch between them is
+    summed up from the runs' positions in the used blocks, which count the blocks before.
 
     The loops over every entry run inside built-ins (dict.fromkeys, sorted, map,
     compress), so a table of half a million blocks scans in a fraction of a second
@@ -196,39 +196,34 @@ class _Scan:
     def __init__(self, view: MappingView, needed: list[int], collapse: bool, traced: Traced | None):
         self.view, self.needed, self.collapse, self.traced = view, needed, collapse, traced
         bs = view.block_size
-        first: dict[int, int] = {}  # used block -> the first sequence that maps it
+        singles = [(s,) for s in range(len(view.sequences))]
+        key_of: dict[int, tuple[int, ...]] = {}  # used block -> its owners (the first one's, until shared)
         shared: dict[int, list[int]] = {}  # a block several sequences map -> them, in order
-        self._partial: dict[int, int] = {}  # a table's last block that is not full -> its fill
+        self._partial: dict[int, int] = {}  # a table's last block -> the most slots a table fills in it
         for s, (seq, n) in enumerate(zip(view.sequences, needed)):
-            mine = dict.fromkeys(seq.table[:n], s)
-            if first:
-                for p in mine.keys() & first.keys():
-                    shared.setdefault(p, [first[p]]).append(s)
-                    mine[p] = first[p]
-            first.update(mine)
-            tail = seq.seq_len - (n - 1) * bs
-            if tail < bs:
-                last = seq.table[n - 1]
-                self._partial[last] = max(self._partial.get(last, 0), tail)
+            mine = dict.fromkeys(seq.table if len(seq.table) == n else seq.table[:n], singles[s])
+            if not key_of.keys().isdisjoint(mine):
+                for p in mine.keys() & key_of.keys():
+                    shared.setdefault(p, list(key_of[p])).append(s)
+                    del mine[p]
+            key_of.update(mine)
+            last = seq.table[n - 1]
+            self._partial[last] = max(self._partial.get(last, 0), seq.seq_len - (n - 1) * bs)
         interned: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self._used = used = sorted(first)
-        if len(view.sequences) == 1:
-            keys = [(0,)] * len(used)
-        else:
-            singles = [(s,) for s in range(len(view.sequences))]
-            key_of = dict(zip(first.keys(), map(singles.__getitem__, first.values())))
-            for p, owners in shared.items():
-                t = tuple(owners)
-                key_of[p] = interned.setdefault(t, t)
-            keys = list(map(key_of.__getitem__, used))
-        del first
+        for p, owners in shared.items():
+            t = tuple(owners)
+            key_of[p] = interned.setdefault(t, t)
+        self._used = used = sorted(key_of)
+        keys = list(map(key_of.__getitem__, used))
+        del key_of
         self._keys = keys
         self.owners = UsedBlocks(used, keys)
         self.shared_blocks = len(shared)
         self.sharing: set[int] = set().union(*interned)
 
     def find_cells(self, alone: set[int]) -> None:
-        """The pool's cells before summing up; the blocks of `alone` get a cell each."""
+        """The runs of used blocks (the pool's used cells before summing up); the blocks of
+        `alone` get a run each. Free cells are the gaps between runs, never listed."""
         used, keys, n_used = self._used, self._keys, len(self._used)
         if self.collapse:  # a run breaks where the next block does not follow or its owners change
             breaks = map(operator.or_, map((1).__ne__, map(operator.sub, used[1:], used[:-1])), map(operator.is_not, keys[1:], keys[:-1]))
@@ -241,34 +236,10 @@ class _Scan:
                         runs.insert(k, at)
         else:
             runs = list(range(n_used))
-        ends = [*runs[1:], n_used]
-
-        firsts, lasts, counts, cell_keys = self.firsts, self.lasts, self.used, self.keys = [], [], [], []
-        collapse = self.collapse
-        free: tuple[int, ...] = ()
-
-        def free_run(a: int, b: int) -> None:
-            if collapse:
-                firsts.append(a), lasts.append(b), counts.append(0), cell_keys.append(free)
-            else:
-                firsts.extend(range(a, b + 1)), lasts.extend(range(a, b + 1))
-                counts.extend([0] * (b - a + 1)), cell_keys.extend([free] * (b - a + 1))
-
-        p = 0  # the first block not yet in a cell
-        for i, j in zip(runs, ends):
-            a, b = used[i], used[j - 1]
-            if a > p:
-                if collapse:
-                    firsts.append(p), lasts.append(a - 1), counts.append(0), cell_keys.append(free)
-                else:
-                    free_run(p, a - 1)
-            firsts.append(a), lasts.append(b), counts.append(j - i), cell_keys.append(keys[i])
-            p = b + 1
-        if p < self.view.num_blocks:
-            free_run(p, self.view.num_blocks - 1)
-        self._first_set = set(firsts)
-        self.used_before = [0, *accumulate(counts)]  # [k]: used blocks in cells 0..k-1
-        self.changes_before = [0, *accumulate(map(operator.is_not, cell_keys[1:], cell_keys[:-1]))]
+        self.runs = runs + [n_used]  # run r: used[runs[r]:runs[r + 1]], so runs[r] used blocks come before it
+        self.run_first = list(map(used.__getitem__, runs))
+        self.run_last = list(map(used.__getitem__, map(operator.sub, runs[1:] + [n_used], [1] * len(runs))))
+        self._first_set = set(self.run_first)
 
     def starts(self, s: int) -> list[int]:
         """The logical blocks of sequence s where a cell starts: where the next physical
@@ -288,55 +259,78 @@ class _Scan:
     def fill(self, block: int) -> int:
         """The slots of a used block that hold a token: full unless it is only ever a table's last block."""
         partial = self._partial.get(block)
-        if partial is None:
+        if partial is None or partial == self.view.block_size:
             return self.view.block_size
         for s in self.owners[block]:  # mapped before the last entry of some table: full
             if block in self.view.sequences[s].table[: self.needed[s] - 1]:
                 return self.view.block_size
         return partial
 
-    def cell_at(self, block: int) -> int:
-        """The index of the cell that holds `block`."""
-        return bisect.bisect_right(self.firsts, block) - 1
+    def run_at(self, block: int) -> int:
+        """The run that holds the used `block`."""
+        return bisect.bisect_right(self.run_first, block) - 1
 
-    def cell(self, k: int) -> PoolCell:
-        first, last, used = self.firsts[k], self.lasts[k], self.used[k]
-        if not used:
-            return PoolCell(first, last, (), 0)
+    def run_cell(self, r: int) -> PoolCell:
+        first, last = self.run_first[r], self.run_last[r]
         t = self.traced
         return PoolCell(
             first=first,
             last=last,
-            owners=self.keys[k],
-            used=used,
+            owners=self._keys[self.runs[r]],
+            used=last - first + 1,
             fill=self.fill(first) if first == last else None,
             traced_slot=t.offset if t is not None and t.physical == first else None,
         )
 
+    def _cells(self, a: int, b: int, out: list[PoolCell]) -> None:
+        """Every cell from the end of run a to the start of run b (a = -1: the pool's
+        start; b = the run count: its end), the runs between and the free gaps."""
+        p = self.run_last[a] + 1 if a >= 0 else 0
+        for r in range(a + 1, b):
+            self._free(p, self.run_first[r] - 1, out)
+            out.append(self.run_cell(r))
+            p = self.run_last[r] + 1
+        self._free(p, (self.run_first[b] if b < len(self.run_first) else self.view.num_blocks) - 1, out)
+
+    def _free(self, first: int, last: int, out: list[PoolCell]) -> None:
+        """Free blocks first..last: one cell, or one per block in a small pool."""
+        if self.collapse:
+            out.extend([PoolCell(first, last, (), 0)] if first <= last else [])
+        else:
+            out.extend(PoolCell(p, p, (), 0) for p in range(first, last + 1))
+
     def pool(self, anchored: set[int]) -> list[PoolCell]:
-        """Every cell; or, in a pool with too many, the cells arrows point to and one
+        """Every cell; or, in a pool with too many, the runs arrows point to and one
         summary cell for each stretch between them (a stretch of one cell stays itself)."""
-        count = len(self.firsts)
-        if count <= MAX_POOL_CELLS:
-            return [self.cell(k) for k in range(count)]
+        count = len(self.run_first)
+        gaps = sum(map(operator.lt, map(operator.add, [-1, *self.run_last], [1] * (count + 1)), [*self.run_first, self.view.num_blocks]))
         out: list[PoolCell] = []
-        start = 0
-        for k in sorted(anchored):
-            self._stretch(start, k - 1, out)
-            out.append(self.cell(k))
-            start = k + 1
-        self._stretch(start, count - 1, out)
+        if count + gaps <= MAX_POOL_CELLS:
+            self._cells(-1, count, out)
+            return out
+        previous = -1
+        for r in [*sorted(anchored), count]:
+            self._stretch(previous, r, out)
+            if r < count:
+                out.append(self.run_cell(r))
+            previous = r
         return out
 
-    def _stretch(self, i: int, j: int, out: list[PoolCell]) -> None:
-        if j < i:
+    def _stretch(self, a: int, b: int, out: list[PoolCell]) -> None:
+        """The blocks between run a and run b as one cell, or as the one cell they are."""
+        first = self.run_last[a] + 1 if a >= 0 else 0
+        last = (self.run_first[b] if b < len(self.run_first) else self.view.num_blocks) - 1
+        if last < first:
             return
-        if i == j:
-            out.append(self.cell(i))
+        used = self.runs[b] - self.runs[a + 1]
+        runs = b - a - 1
+        gapless = used == last - first + 1
+        if runs == 0 or (runs == 1 and gapless):  # one free gap, or one run: the cell itself
+            self._cells(a, b, out)
             return
-        same = self.changes_before[j] == self.changes_before[i]  # one owners key throughout
-        owners = self.keys[i] if same else ()
-        out.append(PoolCell(self.firsts[i], self.lasts[j], owners, self.used_before[j + 1] - self.used_before[i]))
+        key = self._keys[self.runs[a + 1]]
+        same = gapless and all(self._keys[self.runs[r]] is key for r in range(a + 2, b))
+        out.append(PoolCell(first, last, key if same else (), used))
 
 
 def _sequence_cells(view: MappingView, s: int, n: int, starts, traced: Traced | None, limit: int) -> list[LogicalCell]:
