@@ -59,13 +59,18 @@ def test_exactly_one_block_is_highlighted():
     assert len(marked) == 4
 
 
+def scattered_view(rng: random.Random, pool: tuple[int, int], most: int, blocks: tuple[int, int], block_size: int) -> MappingView:
+    """1..`most` full sequences of `blocks` blocks each, drawn at random from a pool of `pool` blocks."""
+    nb = rng.randint(*pool)
+    tables = [rng.sample(range(nb), rng.randint(*blocks)) for _ in range(rng.randint(1, most))]
+    return MappingView(block_size, nb, [SequenceMap(f"seq {s}", block_size * len(t), t) for s, t in enumerate(tables)])
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_pool_character_matches_a_brute_force_count(seed):
     """In a big pool each character stands for a bucket of blocks: empty, some, half or all used."""
-    rng = random.Random(seed)
-    nb = rng.randint(300, 3000)
-    tables = [rng.sample(range(nb), rng.randint(1, 200)) for _ in range(rng.randint(1, 4))]
-    view = MappingView(4, nb, [SequenceMap(f"seq {s}", 4 * len(t), t) for s, t in enumerate(tables)])
+    view = scattered_view(random.Random(seed), (300, 3000), 4, (1, 200), block_size=4)
+    nb, tables = view.num_blocks, [seq.table for seq in view.sequences]
     owners: dict[int, set[int]] = {}
     for s, t in enumerate(tables):
         for p in t:
@@ -144,10 +149,8 @@ def test_the_worked_example_diagram_reads_7_2_15():
 @pytest.mark.parametrize("seed", range(6))
 def test_every_summed_up_pool_cell_says_its_counts(seed):
     """A big scattered pool: every "N used, M free" caption against a brute-force count."""
-    rng = random.Random(seed)
-    nb = rng.randint(2_000, 20_000)
-    tables = [rng.sample(range(nb), rng.randint(50, 400)) for _ in range(rng.randint(1, 3))]
-    view = MappingView(16, nb, [SequenceMap(f"seq {s}", 16 * len(t), t) for s, t in enumerate(tables)])
+    view = scattered_view(random.Random(seed), (2_000, 20_000), 3, (50, 400), block_size=16)
+    tables = [seq.table for seq in view.sequences]
     used = {p for t in tables for p in t}
     pool = labels(dg.dot_source(view), "p")
     mixed = 0

@@ -18,35 +18,22 @@ Writing files (checked up front, whole or not at all, `-` for stdout) lives in
 consecutive blocks become one cell, long tables keep their head, tail and traced block,
 unreferenced stretches of a long pool and the sequences past MAX_SEQUENCES are summed up.
 
-Importing this package loads the model and the scan only; the DOT, engine and terminal
-names load their module when first used, so `lookup` never imports Graphviz.
+Importing this package loads nothing more: each name loads its module when first used,
+so `lookup` never imports Graphviz and a command that draws nothing loads no diagram code.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .cells import check_view, layout_cells
-from .model import (
-    AUTO_SLOTS_BLOCK_SIZE,
-    MAX_POOL_CELLS,
-    MAX_SEQ_CELLS,
-    MAX_SEQUENCES,
-    MAX_SLOTS_BLOCK_SIZE,
-    SEQ_TAIL_CELLS,
-    SMALL,
-    Cells,
-    HiddenSequences,
-    LogicalCell,
-    MappingView,
-    PoolCell,
-    SequenceMap,
-    Traced,
-    UsedBlocks,
-    block_mass,
-)
-
 _LAZY = {  # name -> the module that defines it, imported on first use
+    **dict.fromkeys(
+        ["AUTO_SLOTS_BLOCK_SIZE", "MAX_POOL_CELLS", "MAX_SEQ_CELLS", "MAX_SEQUENCES", "MAX_SLOTS_BLOCK_SIZE",
+         "SEQ_TAIL_CELLS", "SMALL", "Cells", "HiddenSequences", "LogicalCell", "MappingView", "PoolCell",
+         "SequenceMap", "Traced", "UsedBlocks", "block_mass"],
+        "model",
+    ),
+    **dict.fromkeys(["check_view", "layout_cells"], "cells"),
     **dict.fromkeys(
         ["EMPTY_SLOT", "FONT", "FREE_FILL", "FREE_TEXT", "MASS_DARK_FROM", "MASS_FILL", "MIXED_FILL", "SEQ_EDGE",
          "SEQ_FILL", "SHARED_FILL", "SHARED_SLOT", "SLOTS_PER_ROW", "TRACE", "mass_class"],
@@ -62,11 +49,7 @@ _LAZY = {  # name -> the module that defines it, imported on first use
     **dict.fromkeys(["POOL_STRIP_BLOCKS", "POOL_STRIP_WIDTH", "TERMINAL_SEQ_CELLS", "terminal_mapping"], "terminal"),
 }
 
-__all__ = [
-    "AUTO_SLOTS_BLOCK_SIZE", "MAX_POOL_CELLS", "MAX_SEQ_CELLS", "MAX_SEQUENCES", "MAX_SLOTS_BLOCK_SIZE",
-    "SEQ_TAIL_CELLS", "SMALL", "Cells", "HiddenSequences", "LogicalCell", "MappingView", "PoolCell", "SequenceMap",
-    "Traced", "UsedBlocks", "block_mass", "check_view", "layout_cells", *_LAZY,
-]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
