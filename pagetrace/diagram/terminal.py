@@ -61,7 +61,7 @@ class _Strip:
         self.rows = rows
 
     def __rich_console__(self, console, options):
-        from rich.table import Table
+        from rich.text import Text
 
         names = list(self.rows)
         columns = list(zip(*self.rows.values()))
@@ -76,13 +76,14 @@ class _Strip:
             chunks[-1].append(i)
             used += 1 + w
         for chunk in chunks:
-            strip = Table(show_header=False, box=None, padding=(0, 0, 0, 1), pad_edge=False)
-            strip.add_column(style="dim", justify="right", no_wrap=True, min_width=label)
-            for i in chunk:
-                strip.add_column(justify="right", no_wrap=True, min_width=widths[i])
             for r, name in enumerate(names):
-                strip.add_row(name, *(columns[i][r] for i in chunk))
-            yield strip
+                line = Text(no_wrap=True, overflow="ignore")
+                line.append(name.rjust(label), style="dim")
+                for i in chunk:
+                    text = columns[i][r]
+                    line.append(" " * (1 + widths[i] - text.cell_len))
+                    line.append_text(text)
+                yield line
 
 
 def _pool_strip(cells: Cells, Text, highlight: str):
