@@ -26,7 +26,7 @@ from .style import (
     TRACE,
     mass_class,
     percent,
-    seq_colours,
+    drawn_colours,
     span,
 )
 
@@ -104,7 +104,7 @@ def _table(rows: list[str], **attrs: object) -> str:
 def _sequence_label(s: int, cells: Cells) -> str:
     view = cells.view
     seq = view.sequences[s]
-    edge, _ = seq_colours(s)
+    edge, _ = drawn_colours(cells.drawn, s)
     n = cells.needed[s]
     head = _td(
         _text(seq.name, bold=True, colour="white") + "<br/>" + _text(f"{seq.seq_len} tokens, {n} block{'s' * (n != 1)}", 9, "white"),
@@ -129,7 +129,7 @@ def _others_label(cells: Cells) -> str:
 def _logical_td(cell: LogicalCell, cells: Cells) -> str:
     view = cells.view
     bs = view.block_size
-    _, fill = seq_colours(cell.seq)
+    _, fill = drawn_colours(cells.drawn, cell.seq)
     text_colour = None
     if cell.mass is not None and cells.max_block_mass is not None:
         shade = mass_class(cell.mass / cell.blocks, cells.max_block_mass)
@@ -174,8 +174,8 @@ def _pool_label(cells: Cells) -> str:
     return "<" + _table([head] + [_pool_td(c, cells) for c in cells.pool], id="pool_table") + ">"
 
 
-def _pool_fill(cell: PoolCell) -> str:
-    return {"free": FREE_FILL, "mixed": MIXED_FILL, "shared": SHARED_FILL}.get(cell.kind) or seq_colours(cell.owners[0])[1]
+def _pool_fill(cell: PoolCell, drawn: list[int]) -> str:
+    return {"free": FREE_FILL, "mixed": MIXED_FILL, "shared": SHARED_FILL}.get(cell.kind) or drawn_colours(drawn, cell.owners[0])[1]
 
 
 def _pool_td(cell: PoolCell, cells: Cells) -> str:
@@ -198,7 +198,7 @@ def _pool_td(cell: PoolCell, cells: Cells) -> str:
         port=cell.port,
         id=cell.port,
         title=pool_tooltip(cell, cells),
-        bgcolor=_pool_fill(cell),
+        bgcolor=_pool_fill(cell, cells.drawn),
         border=3 if traced else (2 if kind == "shared" else None),
         color=TRACE if traced else None,
     )
@@ -207,7 +207,7 @@ def _pool_td(cell: PoolCell, cells: Cells) -> str:
 def _slots(cell: PoolCell, cells: Cells) -> str:
     """The block's slots: those that hold tokens filled, the traced one in the trace colour."""
     bs = cells.view.block_size
-    filled = SHARED_SLOT if cell.kind == "shared" else seq_colours(cell.owners[0])[0]
+    filled = SHARED_SLOT if cell.kind == "shared" else drawn_colours(cells.drawn, cell.owners[0])[0]
     tds = []
     for offset in range(bs):
         if offset == cell.traced_slot:
@@ -224,7 +224,7 @@ def _legend_label(cells: Cells) -> str:
     swatch = lambda colour, **kw: _td("", bgcolor=colour, width=14, height=10, **kw)  # noqa: E731
     rows = [_td(_text("legend", bold=True), colspan=2, align="left")]
     for s in cells.drawn:
-        rows.append(swatch(seq_colours(s)[1]) + _td(_text(view.sequences[s].name, 9), align="left"))
+        rows.append(swatch(drawn_colours(cells.drawn, s)[1]) + _td(_text(view.sequences[s].name, 9), align="left"))
     if cells.shared_blocks:
         rows.append(swatch(SHARED_FILL, border=2) + _td(_text("shared by several sequences (ref count)", 9), align="left"))
     if cells.used_blocks < view.num_blocks:
@@ -290,7 +290,7 @@ def build_graph(view: MappingView) -> graphviz.Digraph:
             sub.edge(above, below, style="invis")
     g.node("pool", label=_pool_label(cells), id="pool")
     for cell, target in cells.edges:
-        colour, _ = seq_colours(cell.seq)
+        colour, _ = drawn_colours(cells.drawn, cell.seq)
         attrs = {"id": f"e_s{cell.seq}_{cell.port}", "color": colour, "tooltip": logical_tooltip(cell, cells)}
         if cell.traced:
             attrs.update({"color": TRACE, "penwidth": "3", "class": "traced"})

@@ -6,12 +6,15 @@ non-ASCII characters would be measured (and so laid out) differently by each eng
 
 from __future__ import annotations
 
+import bisect
 import math
 
 FONT = "Helvetica"
 TRACE = "#d62728"  # the traced token's path: borders, arrow, slot
 SEQ_EDGE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 SEQ_FILL = ["#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#9edae5", "#dbdb8d"]
+OTHERS_EDGE = "#7f7f7f"  # the sequences not drawn, summed up
+OTHERS_FILL = "#d9d9d9"
 SHARED_FILL = "#d4b9da"
 SHARED_SLOT = "#88419d"  # a shared block's slots that hold tokens
 FREE_FILL = "#f0f0f0"
@@ -36,6 +39,13 @@ def percent(mass: float) -> str:
 
 def seq_colours(s: int) -> tuple[str, str]:
     return SEQ_EDGE[s % len(SEQ_EDGE)], SEQ_FILL[s % len(SEQ_FILL)]
+
+
+def drawn_colours(drawn: list[int], s: int) -> tuple[str, str]:
+    """(edge, fill) of sequence s: by its place among the drawn sequences, so no two drawn
+    share a colour; a sequence not drawn (summed up) gets grey."""
+    i = bisect.bisect_left(drawn, s)
+    return seq_colours(i) if i < len(drawn) and drawn[i] == s else (OTHERS_EDGE, OTHERS_FILL)
 
 
 def mass_class(mass_per_block: float, max_block_mass: float) -> int:

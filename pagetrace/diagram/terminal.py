@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from .cells import layout_cells
 from .model import Cells, MappingView
-from .style import SHARED_FILL, percent, seq_colours, span
+from .style import OTHERS_EDGE, SHARED_FILL, drawn_colours, percent, span
 
 TERMINAL_SEQ_CELLS = 10
 POOL_STRIP_BLOCKS = 256  # pools up to this size: one character per block
 POOL_STRIP_WIDTH = 64
-OTHERS = "bright_black"  # the blocks of sequences not drawn
 
 
 def terminal_mapping(view: MappingView):
@@ -29,7 +28,7 @@ def terminal_mapping(view: MappingView):
     parts: list = []
     for s in cells.drawn:
         seq, seq_cells = view.sequences[s], cells.sequences[s]
-        edge, _ = seq_colours(s)
+        edge, _ = drawn_colours(cells.drawn, s)
         n = cells.needed[s]
         parts.append(Text.assemble((seq.name, f"bold {edge}"), f" · {seq.seq_len} tokens in {n} block{'s' * (n != 1)} of {view.block_size}"))
         rows: dict[str, list[Text]] = {"logical": [], "physical": [], "tokens": []}
@@ -97,7 +96,6 @@ def _pool_strip(cells: Cells, Text, highlight: str):
         out.append(f" · {cells.shared_blocks} shared", style="bold")
     if bucket > 1:
         out.append(f"  (1 character = {bucket} blocks)", style="dim")
-    drawn = set(cells.drawn)
     chars_per_row = POOL_STRIP_WIDTH
     width = max(6, len(str(view.num_blocks - 1)))  # row labels: the first block of each row
     for i, start in enumerate(range(0, view.num_blocks, bucket)):
@@ -106,13 +104,13 @@ def _pool_strip(cells: Cells, Text, highlight: str):
         stop = min(start + bucket, view.num_blocks)
         # the owners of this bucket's used blocks, found by bisection: free blocks cost nothing
         owners = cells.owners.owner_counts(start, stop)
-        out.append(*_pool_char(stop - start, owners, traced is not None and start <= traced < stop, highlight, drawn))
+        out.append(*_pool_char(stop - start, owners, traced is not None and start <= traced < stop, highlight, cells.drawn))
     out.append("\n" + " " * (width + 1))
     for s in cells.drawn:
-        out.append("■", style=seq_colours(s)[0])
+        out.append("■", style=drawn_colours(cells.drawn, s)[0])
         out.append(f" {view.sequences[s].name}  ")
     if cells.hidden is not None:
-        out.append("■", style=OTHERS)
+        out.append("■", style=OTHERS_EDGE)
         out.append(f" {cells.hidden.count} others  ")
     if cells.shared_blocks:
         out.append("2", style=f"bold {SHARED_FILL}")
@@ -123,7 +121,7 @@ def _pool_strip(cells: Cells, Text, highlight: str):
     return out
 
 
-def _pool_char(blocks: int, owners: dict[tuple[int, ...], int], traced: bool, highlight: str, drawn: set[int]) -> tuple[str, str]:
+def _pool_char(blocks: int, owners: dict[tuple[int, ...], int], traced: bool, highlight: str, drawn: list[int]) -> tuple[str, str]:
     """The character for `blocks` blocks, `owners` counting the used ones by their owners."""
     if not owners:
         char, style = "·", "dim"
@@ -137,7 +135,7 @@ def _pool_char(blocks: int, owners: dict[tuple[int, ...], int], traced: bool, hi
         if len(key) > 1:
             style = f"bold {SHARED_FILL}"
         else:
-            style = seq_colours(key[0])[0] if key[0] in drawn else OTHERS
+            style = drawn_colours(drawn, key[0])[0]
     if traced:
         style = highlight
     return char, style
