@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-from ..files import check_outputs
-
 
 def requested_outputs(svg, png, dot) -> dict[str, str]:
     """{option: path} for the file options given."""
@@ -23,4 +21,8 @@ def check_output_paths(
     UsageError names the option (--svg, --png or --dot). `json`: stdout carries the JSON
     document, so no file may go there. A write can still fail later (a full disk);
     `write_diagrams` then raises RuntimeFailure and leaves no file half written."""
-    check_outputs(requested_outputs(svg, png, dot), stdout_taken_by="--json" if json else None)
+    requested = requested_outputs(svg, png, dot)
+    if requested:  # none: nothing to load
+        from ..files import check_outputs
+
+        check_outputs(requested, stdout_taken_by="--json" if json else None)
