@@ -62,8 +62,8 @@ def check_view(view: MappingView) -> list[int]:
         n = blocks_needed(seq.seq_len, bs)
         if len(seq.table) < n:
             raise UsageError("--table", _table_text(seq), f"{seq.name} has {seq.seq_len} tokens, which need {n} blocks of {bs}; the table has {len(seq.table)}")
-        used = seq.table[:n]
-        low, high = min(used), max(used)  # ints, or a TypeError below
+        used = seq.table if len(seq.table) == n else seq.table[:n]
+        low, high = min(used), max(used)
         if low < 0 or high >= view.num_blocks:
             bad = low if low < 0 else high
             _entry_out_of_range(view, seq, used.index(bad))
@@ -196,26 +196,32 @@ class _Scan:
     def __init__(self, view: MappingView, needed: list[int], collapse: bool, traced: Traced | None):
         self.view, self.needed, self.collapse, self.traced = view, needed, collapse, traced
         bs = view.block_size
-        singles = [(s,) for s in range(len(view.sequences))]
-        key_of: dict[int, tuple[int, ...]] = {}  # used block -> its owners (the first one's, until shared)
-        shared: dict[int, list[int]] = {}  # a block several sequences map -> them, in order
         self._partial: dict[int, int] = {}  # a table's last block -> the most slots a table fills in it
-        for s, (seq, n) in enumerate(zip(view.sequences, needed)):
-            mine = dict.fromkeys(seq.table if len(seq.table) == n else seq.table[:n], singles[s])
-            if not key_of.keys().isdisjoint(mine):
-                for p in mine.keys() & key_of.keys():
-                    shared.setdefault(p, list(key_of[p])).append(s)
-                    del mine[p]
-            key_of.update(mine)
+        for seq, n in zip(view.sequences, needed):
             last = seq.table[n - 1]
             self._partial[last] = max(self._partial.get(last, 0), seq.seq_len - (n - 1) * bs)
+        shared: dict[int, list[int]] = {}  # a block several sequences map -> them, in order
         interned: dict[tuple[int, ...], tuple[int, ...]] = {}
-        for p, owners in shared.items():
-            t = tuple(owners)
-            key_of[p] = interned.setdefault(t, t)
-        self._used = used = sorted(key_of)
-        keys = list(map(key_of.__getitem__, used))
-        del key_of
+        if len(view.sequences) == 1:  # one owner: the used blocks are the table's distinct entries
+            seq, n = view.sequences[0], needed[0]
+            self._used = used = sorted(set(seq.table if len(seq.table) == n else seq.table[:n]))
+            keys = [(0,)] * len(used)
+        else:
+            singles = [(s,) for s in range(len(view.sequences))]
+            key_of: dict[int, tuple[int, ...]] = {}  # used block -> its owners (the first one's, until shared)
+            for s, (seq, n) in enumerate(zip(view.sequences, needed)):
+                mine = dict.fromkeys(seq.table if len(seq.table) == n else seq.table[:n], singles[s])
+                if key_of and not key_of.keys().isdisjoint(mine):
+                    for p in mine.keys() & key_of.keys():
+                        shared.setdefault(p, list(key_of[p])).append(s)
+                        del mine[p]
+                key_of.update(mine)
+            for p, owners in shared.items():
+                t = tuple(owners)
+                key_of[p] = interned.setdefault(t, t)
+            self._used = used = sorted(key_of)
+            keys = list(map(key_of.__getitem__, used))
+            del key_of
         self._keys = keys
         self.owners = UsedBlocks(used, keys)
         self.shared_blocks = len(shared)
