@@ -243,3 +243,14 @@ def test_write_outputs_to_stdout_last(capsysbinary, tmp_path):
 def test_check_output_reasons(path, reason):
     with pytest.raises(UsageError, match=reason):
         files.check_output("--out", path)
+
+
+@pytest.mark.parametrize("option", ["--chart", "--tables-svg"])
+def test_simulate_names_its_own_file_options(capsys, tmp_path, option):
+    """simulate's extra file options are checked up front under their own names."""
+    result = cli(capsys, "simulate", "--requests", "3", "--at", "1", option, str(tmp_path / "no" / "x.svg"))
+    assert_usage_error(result, option)
+
+
+def test_simulate_keeps_stdout_for_its_report(capsys):
+    assert_usage_error(cli(capsys, "simulate", "--requests", "3", "--svg", "-"), "--svg")

@@ -8,9 +8,12 @@ those that share blocks, then the first), the others become one summary cell.
 One scan, in plain Python, finds the structure; the work grows with the blocks the
 sequences use, never with the pool, and Python objects are made only for the cells drawn:
 
-- the pool's cells before summing up (runs of used blocks with the same owners, free runs
-  between them) as parallel lists of first block, last block, blocks used and owners;
+- the used blocks in order with their owners, then the runs of consecutive used blocks with
+  the same owners (the free cells are the gaps between runs, never listed);
 - each drawn sequence's cells as the logical blocks where a cell starts.
+
+There is no NumPy scan: a small diagram (`lookup`'s terminal map) must not pay NumPy's import,
+and one implementation is one to test. The passes over every entry run inside built-ins.
 """
 
 from __future__ import annotations
