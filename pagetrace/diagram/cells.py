@@ -248,7 +248,10 @@ class _Scan:
         self.runs = runs + [n_used]  # run r: used[runs[r]:runs[r + 1]], so runs[r] used blocks come before it
         self.run_first = list(map(used.__getitem__, runs))
         self.run_last = list(map(used.__getitem__, map(operator.sub, runs[1:] + [n_used], [1] * len(runs))))
-        self._first_set = set(self.run_first)
+        # runs that start right after a used block: where a table going on to the next block
+        # still starts a new cell (its owners change, or a block of `alone`); few, usually
+        rf, rl = self.run_first, self.run_last
+        self._first_set = set(compress(rf[1:], map(operator.eq, rf[1:], map(operator.add, rl[:-1], [1] * (len(rf) - 1)))))
 
     def starts(self, s: int) -> list[int]:
         """The logical blocks of sequence s where a cell starts: where the next physical
