@@ -180,8 +180,8 @@ class Trace:
 
     backend: str
     partition_size: int
-    slots: torch.Tensor  # int64 [num_seqs, max_seq_len]: physical slot read for each key, -1 past the end
-    partitions: torch.Tensor  # int32 [num_seqs, max_seq_len]: partition that read it, -1 past the end
+    slots: torch.Tensor  # int64 [num_seqs, max_seq_len]: physical slot read for each key, -1 past the end (or unread: no new tokens)
+    partitions: torch.Tensor  # int32 [num_seqs, max_seq_len]: partition that read it, -1 where `slots` is
     logits: torch.Tensor  # fp32 [num_query_tokens, num_heads, max_seq_len]: score before the mask, NaN past the end
     lse: torch.Tensor  # fp32 [num_query_tokens, num_heads]: log-sum-exp of each row's visible scores
     mask: torch.Tensor  # int8 [num_query_tokens, max_seq_len]: 0 visible, 1 causal-masked, 2 window-masked, -1 past the end
@@ -306,6 +306,7 @@ def _torch_backend(query, key_cache, value_cache, block_tables, batch: Batch, la
     slots = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int64)
     parts = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int32)
     for s, n in enumerate(batch.seq_lens):
-        slots[s, :n] = slots_of(tables[s], n, batch.block_size)
-        parts[s, :n] = 0
+        if batch.query_lens[s]:  # like the kernel: a sequence without new tokens reads nothing
+            slots[s, :n] = slots_of(tables[s], n, batch.block_size)
+            parts[s, :n] = 0
     return result, Trace("torch", max(width, 1), slots, parts, ref.logits.float().cpu(), ref.lse.float().cpu(), ref.mask.cpu(), batch.query_start_loc.cpu())
