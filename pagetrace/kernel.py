@@ -17,7 +17,8 @@ position p = seq_len - q_len + i and sees keys t <= p; with a sliding window w o
 keys t > p - w. Scores: q.k * scale, then soft cap c * tanh(s / c), then ALiBi
 slope * (t - p), then the mask; an online softmax in fp32. fp8 caches are read as
 stored and scaled by k_scale (scores) and v_scale (output). A second kernel merges the
-partitions (max, sum, log-sum-exp) per (query token, head).
+partitions (max, sum, log-sum-exp) per (query token, head); with one partition (prefill
+by default, short decode contexts on the CPU) the first kernel writes the output itself.
 
 Import this module only through `pagetrace.attention`, which decides first whether
 Triton runs compiled or under its interpreter (TRITON_INTERPRET is read at import).
@@ -55,7 +56,7 @@ def _paged_attention_partition(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     tile_seq_ptr, tile_q0_ptr,
     k_scale_ptr, v_scale_ptr, alibi_ptr,
-    part_out_ptr, part_m_ptr, part_l_ptr,
+    part_out_ptr, part_m_ptr, part_l_ptr, out_ptr, lse_ptr,
     trace_slot_ptr, trace_part_ptr, trace_mask_ptr, trace_logit_ptr,
     scale, soft_cap, sliding_window, block_size, partition_size, num_parts,
     stride_qt, stride_qh, stride_qd,
@@ -64,6 +65,8 @@ def _paged_attention_partition(
     stride_bts, stride_btb,
     stride_pot, stride_poh, stride_pop, stride_pod,
     stride_pmt, stride_pmh, stride_pmp,
+    stride_ot, stride_oh, stride_od,
+    stride_lset, stride_lseh,
     stride_ts, stride_tt,
     stride_mt, stride_mk,
     stride_lt, stride_lh, stride_lk,
@@ -74,6 +77,7 @@ def _paged_attention_partition(
     SOFT_CAP: tl.constexpr, SLIDING: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
     TRACE: tl.constexpr,
     IEEE_DOT: tl.constexpr,  # fp32 products: fp32 queries, and bf16 under the interpreter (numpy has no bf16 matmul)
+    DIRECT: tl.constexpr,  # one partition: write the output and lse here, no reduce
 ):
     pid = tl.program_id(0)  # (tile, partition) on the axis without the 65535 limit
     tile = pid // num_parts
@@ -188,6 +192,13 @@ def _paged_attention_partition(
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     if KV_SCALED:
         out = out * tl.load(v_scale_ptr)
+    if DIRECT:
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :] * stride_od,
+            out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_mask[None, :],
+        )
+        tl.store(lse_ptr + token * stride_lset + heads * stride_lseh, m_i + tl.log(l_i), mask=row_ok)
+        return
     tl.store(
         part_out_ptr + token[:, None] * stride_pot + heads[:, None] * stride_poh + part * stride_pop + d[None, :] * stride_pod,
         out, mask=row_ok[:, None] & d_mask[None, :],
@@ -381,9 +392,11 @@ def plan_launches(
     tile_seq, tile_q0 = tiles if tiles is not None else query_tiles(query_start_loc, block_q)
     num_tiles = len(tile_seq)
 
+    direct = num_parts == 1
+    rows = (1, 1) if direct else (num_tokens, num_heads)  # one partition writes no partials: stand-ins, never read
     parts_alloc = triton.cdiv(num_parts, PARTS_ALIGN) * PARTS_ALIGN
-    part_out = torch.empty(num_tokens, num_heads, parts_alloc, head_dim, dtype=torch.float32, device=device)
-    part_m = torch.empty(num_tokens, num_heads, parts_alloc, dtype=torch.float32, device=device)
+    part_out = torch.empty(*rows, parts_alloc, 1 if direct else head_dim, dtype=torch.float32, device=device)
+    part_m = torch.empty(*rows, parts_alloc, dtype=torch.float32, device=device)
     part_l = torch.empty_like(part_m)
     if trace:
         slots = torch.full((len(seq_lens), max_seq_len), -1, dtype=torch.int64, device=device)
@@ -393,13 +406,19 @@ def plan_launches(
     else:  # never written: TRACE is a compile-time False
         slots = parts = mask = logits = part_m
     dummy = part_m  # stands for an absent k_scale / v_scale / alibi_slopes (never read)
+    # bf16 under the interpreter: its fp32 -> bf16 cast truncates, so the kernel writes fp32
+    # and `LaunchPlan.run` casts on the host, where torch rounds to nearest even
+    host_cast = interpreted() and query.dtype == torch.bfloat16
+    final = out if out is not None else torch.empty_like(query)
+    result = torch.empty(query.shape, dtype=torch.float32, device=device) if host_cast else final
+    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
 
     partition = Launch(_paged_attention_partition, (num_tiles * num_parts, num_kv_heads, 1), (
         query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         tile_seq, tile_q0,
         dummy if k_scale is None else k_scale, dummy if v_scale is None else v_scale,
         dummy if alibi_slopes is None else alibi_slopes,
-        part_out, part_m, part_l,
+        part_out, part_m, part_l, result, lse,
         slots, parts, mask, logits,
         scale, float(soft_cap or 0.0), int(sliding_window or 0), block_size, partition_size, num_parts,
         *query.stride(),
@@ -408,6 +427,8 @@ def plan_launches(
         *block_tables.stride(),
         *part_out.stride(),
         *part_m.stride(),
+        *result.stride(),
+        *lse.stride(),
         *(slots.stride() if trace else (0, 0)),
         *(mask.stride() if trace else (0, 0)),
         *(logits.stride() if trace else (0, 0, 0)),
@@ -420,13 +441,8 @@ def plan_launches(
         SOFT_CAP=soft_cap is not None, SLIDING=sliding_window is not None, ALIBI=alibi_slopes is not None,
         KV_SCALED=k_scale is not None,
         TRACE=trace, IEEE_DOT=query.dtype == torch.float32 or (interpreted() and query.dtype == torch.bfloat16),
+        DIRECT=direct,
     ))
-    # bf16 under the interpreter: its fp32 -> bf16 cast truncates, so the reduce writes fp32
-    # and `LaunchPlan.run` casts on the host, where torch rounds to nearest even
-    host_cast = interpreted() and query.dtype == torch.bfloat16
-    final = out if out is not None else torch.empty_like(query)
-    result = torch.empty(query.shape, dtype=torch.float32, device=device) if host_cast else final
-    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
     reduce = Launch(_paged_attention_reduce, (num_tokens, num_heads, 1), (
         part_out, part_m, part_l, result, lse, num_parts,
         *part_out.stride(),
@@ -438,5 +454,5 @@ def plan_launches(
         PARTS_TILE=max(2, min(32, 2048 // _pow2(head_dim, 16))),  # by shape, not partition count: one variant per shape
     ))
     kernel_trace = KernelTrace(slots, parts, mask, logits, lse) if trace else None
-    launches = [partition, reduce] if num_tokens else []
+    launches = ([partition] if direct else [partition, reduce]) if num_tokens else []
     return LaunchPlan(launches, partition_size, block_n, block_q, result, lse, kernel_trace, final if host_cast else None)
