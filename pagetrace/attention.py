@@ -28,11 +28,16 @@ from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 
 BACKENDS = ("auto", "triton", "interpret", "torch")
 
-# Interpreter cost model, fitted to bench/bench_run.py on the 2-core CI machine (see
-# bench/README.md): a loop iteration of the partition kernel costs about 3.5 ms whatever
-# its tile holds, and each program (partition or reduce) about 5 ms on top.
+# Interpreter cost model, fitted to bench/bench_run.py and bench/bench_prefill.py on the
+# 2-core CI machine (see bench/README.md): a loop iteration of the partition kernel costs
+# about 3.5 ms with a decode tile (a few query rows), about twice that with a prefill tile
+# of INTERPRET_ROWS rows; each program about 5 ms on top; and the first call in a process
+# about 0.6 s more (the interpreter binds the kernels' source on first use), which a model
+# fitted to warm runs missed by 3-4x on small cold runs.
 INTERPRET_ITERATION_S = 0.0035
+INTERPRET_PREFILL_ITERATION_S = 0.007
 INTERPRET_PROGRAM_S = 0.005
+INTERPRET_FIRST_CALL_S = 0.6
 INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
 INTERPRET_ROWS = 128  # query rows (tokens x grouped heads) per tile under the interpreter
@@ -42,6 +47,9 @@ GPU_ROWS = 64  # query rows per tile on a GPU (prefill)
 GPU_PARTITION = 512  # the longest decode split-K partition on a GPU; shorter when the batch is small
 GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
+
+
+_interpreter_warm = False  # set once the interpreter has run a kernel in this process
 
 
 def _want_interpreter() -> bool:
@@ -150,7 +158,10 @@ def interpret_cost_s(
         for first in range(n - q, n, block_q):  # each tile sees keys up to its last query's position
             iterations += -(-min(first + block_q, n) // block_n)
             programs += parts
-    return (iterations + programs) * num_kv_heads * INTERPRET_ITERATION_S + sum(query_lens) * num_heads * INTERPRET_PROGRAM_S
+    reduces = sum(query_lens) * num_heads if parts > 1 else 0  # one partition writes the output itself
+    per_iteration = INTERPRET_ITERATION_S if block_q == 1 else INTERPRET_PREFILL_ITERATION_S
+    cold = 0.0 if _interpreter_warm else INTERPRET_FIRST_CALL_S
+    return cold + iterations * num_kv_heads * per_iteration + (programs * num_kv_heads + reduces) * INTERPRET_PROGRAM_S
 
 
 def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num_heads: int, num_kv_heads: int, query_lens: list[int] | None = None) -> str:
@@ -255,6 +266,7 @@ def paged_attention(
         ``(output, trace)`` when ``trace=True``. num_heads must be a multiple of
         num_kv_heads; query head h reads KV head h // (num_heads // num_kv_heads).
     """
+    global _interpreter_warm
     batch = check_inputs(
         query, key_cache, value_cache, block_tables, seq_lens, layout, query_start_loc=query_start_loc,
         sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale, out=out,
@@ -274,6 +286,7 @@ def paged_attention(
     )
     try:
         result, _, ktrace = plan.run()
+        _interpreter_warm = _interpreter_warm or chosen == "interpret"
     except Exception as exc:
         if type(exc).__name__ == "OutOfResources":  # triton.runtime.errors.OutOfResources
             raise RuntimeFailure(f"the kernel does not fit this GPU with head_dim {head_dim} and {plan.block_n}-token tiles: {exc}") from exc

@@ -139,7 +139,9 @@ def test_auto_backend_picks_by_work():
 
     cpu = torch.device("cpu")
     assert resolve_backend("auto", cpu, [38], 1, 1) == "interpret"
-    assert resolve_backend("auto", cpu, [20000], 1, 1) == "interpret"
+    assert resolve_backend("auto", cpu, [8000], 1, 1) == "interpret"
+    assert resolve_backend("auto", cpu, [38], 1, 1, [38]) == "interpret"  # a prefill of the worked example
+    assert resolve_backend("auto", cpu, [2048], 8, 2, [2048]) == "torch"
     assert resolve_backend("auto", cpu, [4096], 32, 8) == "torch"
     assert resolve_backend("auto", cpu, [131072], 32, 8) == "torch"
 
