@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention_inputs import Batch, check_inputs
 from .errors import RuntimeFailure, UsageError
 from .layouts import get_layout
-from .attention_inputs import Batch, check_inputs
 from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 
 BACKENDS = ("auto", "triton", "interpret", "torch")
@@ -114,19 +114,32 @@ def query_block(query_lens: list[int], group: int, rows: int) -> int:
 
 
 def plan_kernel(
-    kernel, query, key_cache, value_cache, block_tables, seq_lens, batch: Batch, *,
+    kernel, query, key_cache, value_cache, block_tables, seq_lens, batch: Batch | None = None, *,
     layout: str, scale: float, trace: bool, on_gpu: bool,
-    sliding_window: int | None = None, soft_cap: float | None = None, out: torch.Tensor | None = None,
+    max_seq_len: int | None = None, num_kv_heads: int | None = None, query_lens: list[int] | None = None,
+    sliding_window: int | None = None, soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
     num_sms: int | None = None, partition_size: int | None = None, block_n: int | None = None,
 ):
     """The kernel's launches for this call (`pagetrace.kernel.LaunchPlan`), tiles chosen for
     the device: what `paged_attention` runs, and what a compile check compiles.
+
+    `batch` comes from `check_inputs`; without it (a compile check, tensors on the "meta"
+    device, nothing read) give max_seq_len, num_kv_heads and query_lens (default decode).
     num_sms: the GPU's SM count (read from the device when None)."""
+    if batch is None:
+        query_lens = [1] * seq_lens.shape[0] if query_lens is None else query_lens
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        block_size = dict(zip(get_layout(layout).key_axes, key_cache.shape))["slot"]
+        batch = Batch([max_seq_len], query_lens, torch.tensor(starts, dtype=torch.int32).to(query.device), num_kv_heads, block_size,
+                      alibi_slopes, k_scale, v_scale)
     head_dim = query.shape[-1]
     group = query.shape[1] // batch.num_kv_heads
     max_seq_len = max(batch.seq_lens)
     block_q = query_block(batch.query_lens, group, GPU_ROWS if on_gpu else INTERPRET_ROWS)
-    tiles = kernel.query_tiles(batch.query_start_loc, block_q)
+    tiles = kernel.query_tiles(batch.query_lens, block_q, query.device)
     if on_gpu:
         block_n = block_n or gpu_block_n(head_dim, query.element_size())
         num_sms = num_sms or sm_count(query.device)

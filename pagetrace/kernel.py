@@ -282,16 +282,18 @@ def cache_geometry(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: s
     return shape["slot"], shape.get("head", 1), shape.get("dim_lo", 1)
 
 
-def query_tiles(query_start_loc: torch.Tensor, block_q: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tile_seq, tile_q0), int32: each tile's sequence and first query token; a sequence
-    with q_len new tokens gets ceil(q_len / block_q) tiles (none when q_len is 0)."""
-    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+def query_tiles(query_lens: list[int], block_q: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(tile_seq, tile_q0), int32 on `device`: each tile's sequence and first query token;
+    a sequence with q_len new tokens gets ceil(q_len / block_q) tiles (none when q_len is 0).
+    Computed on the host from the lengths the caller already has (no device sync; a
+    "meta" device plans for free)."""
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
     per_seq = (q_lens + block_q - 1) // block_q
-    tile_seq = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), per_seq)
+    tile_seq = torch.repeat_interleave(torch.arange(len(q_lens)), per_seq)
     first_tile = torch.cumsum(per_seq, 0) - per_seq
-    index = torch.arange(len(tile_seq), device=q_lens.device) - first_tile[tile_seq]
-    tile_q0 = query_start_loc.to(torch.int64)[tile_seq] + index * block_q
-    return tile_seq.to(torch.int32), tile_q0.to(torch.int32)
+    starts = torch.cumsum(q_lens, 0) - q_lens
+    tile_q0 = starts[tile_seq] + (torch.arange(len(tile_seq)) - first_tile[tile_seq]) * block_q
+    return tile_seq.to(torch.int32).to(device), tile_q0.to(torch.int32).to(device)
 
 
 @dataclass(slots=True)
@@ -389,7 +391,10 @@ def plan_launches(
     ks = kernel_strides(get_layout(layout), "key", key_cache.stride())
     vs = kernel_strides(get_layout(layout), "value", value_cache.stride())
     assert vs["dim_lo"] == 0, "the value cache is never split"
-    tile_seq, tile_q0 = tiles if tiles is not None else query_tiles(query_start_loc, block_q)
+    if tiles is None:
+        starts = query_start_loc.tolist()
+        tiles = query_tiles([b - a for a, b in zip(starts, starts[1:])], block_q, device)
+    tile_seq, tile_q0 = tiles
     num_tiles = len(tile_seq)
 
     direct = num_parts == 1
