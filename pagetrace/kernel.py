@@ -348,7 +348,7 @@ def plan_launches(
     value_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    query_start_loc: torch.Tensor | None = None,
     *,
     layout: str,
     scale: float,
@@ -368,11 +368,13 @@ def plan_launches(
     """Allocate the outputs and work buffers and build the launches, without running them.
 
     query: [num_query_tokens, num_heads, head_dim]; query_start_loc: [num_seqs + 1]
-    (decode: arange). k_scale / v_scale: fp32 one-element tensors, read by the kernel.
+    (None: decode, one token per sequence). k_scale / v_scale: fp32 one-element tensors, read by the kernel.
     `out`, when given, receives the output (any strides). `tiles`: `query_tiles`' result
     when the caller has it.
     """
     num_tokens, num_heads, head_dim = query.shape
+    if query_start_loc is None:  # decode: one query token per sequence
+        query_start_loc = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int32, device=query.device)
     block_size, num_kv_heads, x = cache_geometry(key_cache, value_cache, layout)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
     assert key_cache.dtype == value_cache.dtype, "key and value caches must share a dtype"

@@ -79,24 +79,30 @@ class ReferenceResult:
 
 
 def gather(cache: torch.Tensor, layout: str, which: str, table, seq_len: int, block_size: int) -> torch.Tensor:
-    """One sequence's key or value vectors, contiguous: ``[seq_len, num_kv_heads, head_dim]``.
+    """One sequence's key or value vectors: ``[seq_len, num_kv_heads, head_dim]``.
 
-    Only the blocks the sequence uses are copied out of the pool, then put in canonical order.
+    Only the blocks the sequence uses are copied out of the pool (index_select on the block
+    axis: one contiguous run per block), then viewed in canonical order; a layout whose
+    block is not (slot, head, dim) inside costs one more copy, of those blocks only.
     """
     lay = get_layout(layout)
     axes = lay.key_axes if which == "key" else lay.value_axes
     used = -(-seq_len // block_size)
     ids = torch.as_tensor(table[:used], dtype=torch.long).to(cache.device)
-    blocks = cache.index_select(axes.index("block"), ids)
-    canon = canonical_cache(blocks, layout, which)
-    return canon.reshape(-1, canon.shape[2], canon.shape[3])[:seq_len]
+    canon = canonical_cache(cache.index_select(axes.index("block"), ids), layout, which)
+    return canon.reshape(used * block_size, canon.shape[2], canon.shape[3])[:seq_len]
+
+
+def _dequantized(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    x = x.to(dtype)
+    return x if scale == 1.0 else x * scale
 
 
 def _scores(q, k, scale, soft_cap, alibi_slopes, seq_len):
     """[q_len, num_heads, seq_len] scores before the mask: scale, soft cap, then ALiBi."""
     q_len, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    qg = q.view(q_len, num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads sharing a KV head
+    qg = q.reshape(q_len, num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads sharing a KV head
     s = torch.einsum("qkgd,tkd->qkgt", qg, k).reshape(q_len, num_heads, seq_len) * scale
     if soft_cap is not None:
         s = soft_cap * torch.tanh(s / soft_cap)
@@ -147,8 +153,8 @@ def reference_attention(
         first += q_len
         if q_len == 0 or n == 0:
             continue
-        k = gather(key_cache, layout, "key", tables[s], n, block_size).to(compute_dtype) * k_scale
-        v = gather(value_cache, layout, "value", tables[s], n, block_size).to(compute_dtype) * v_scale
+        k = _dequantized(gather(key_cache, layout, "key", tables[s], n, block_size), compute_dtype, k_scale)
+        v = _dequantized(gather(value_cache, layout, "value", tables[s], n, block_size), compute_dtype, v_scale)
         q = query[rows].to(compute_dtype)
         state = mask_states(n, q_len, sliding_window, device=query.device)
         if not keep_scores and soft_cap is None:
