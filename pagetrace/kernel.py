@@ -373,8 +373,10 @@ def plan_launches(
     when the caller has it.
     """
     num_tokens, num_heads, head_dim = query.shape
-    if query_start_loc is None:  # decode: one query token per sequence
+    if query_start_loc is None:  # decode: one query token per sequence, a tile each (no host sync)
         query_start_loc = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int32, device=query.device)
+        if tiles is None and block_q == 1:
+            tiles = (query_start_loc[:-1], query_start_loc[:-1])
     block_size, num_kv_heads, x = cache_geometry(key_cache, value_cache, layout)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
     assert key_cache.dtype == value_cache.dtype, "key and value caches must share a dtype"
