@@ -5,14 +5,13 @@ sequence uses is NaN, so any read outside a sequence's own blocks poisons the ou
 """
 
 import itertools
-import random
 
 import pytest
 import torch
-from conftest import DEVICE, KERNEL_BACKEND
+from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention
-from pagetrace.blocks import blocks_needed, slot_mapping
+from pagetrace.blocks import slot_mapping
 from pagetrace.plan import plan_tables
 from pagetrace.reference import reference_attention
 from pagetrace.report import TOLERANCES
@@ -40,14 +39,7 @@ def cases():
 
 
 def scrambled_plan(seq_lens, block_size, seed):
-    needed = [blocks_needed(n, block_size) for n in seq_lens]
-    pool = 3 * sum(needed)
-    blocks = list(range(pool))
-    random.Random(seed).shuffle(blocks)
-    tables, start = [], 0
-    for n in needed:
-        tables.append(blocks[start : start + n])
-        start += n
+    tables, pool = scrambled_tables(seq_lens, block_size, seed)
     return plan_tables(seq_lens, tables, block_size, pool)
 
 

@@ -9,11 +9,10 @@ sees keys t <= p, and with a window w only t > p - w.
 """
 
 import math
-import random
 
 import pytest
 import torch
-from conftest import DEVICE, KERNEL_BACKEND
+from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention
 from pagetrace.layouts import LAYOUTS
@@ -63,14 +62,8 @@ def build(seq_lens, q_lens, *, block_size=3, heads=4, kv_heads=2, head_dim=16, l
     gen = torch.Generator().manual_seed(seed)
     if LAYOUTS[layout].single_head:
         kv_heads = 1
-    needed = [-(-n // block_size) for n in seq_lens]
-    num_blocks = 2 * sum(needed) + 1
-    pool = list(range(num_blocks))
-    random.Random(seed).shuffle(pool)
-    tables, start = [], 0
-    for k in needed:
-        tables.append(pool[start : start + k])
-        start += k
+    tables, num_blocks = scrambled_tables(seq_lens, block_size, seed, spare=2)
+    needed = [len(t) for t in tables]
     stored_dtype = TORCH[dtype]
     canon = {w: torch.full((num_blocks * block_size, kv_heads, head_dim), math.nan) for w in ("key", "value")}
     for table, n in zip(tables, seq_lens):
