@@ -146,7 +146,7 @@ def plan_kernel(
         partition_size = partition_size or gpu_partition_size(max_seq_len, len(tiles[0]), batch.num_kv_heads, block_n, num_sms, prefill=block_q > 1)
     else:
         block_n = block_n or INTERPRET_BLOCK_N
-        partition_size = partition_size or max(INTERPRET_PARTITION, block_n)
+        partition_size = partition_size or interpret_partition_size(max_seq_len, block_q, block_n)
     check_tiles(partition_size, block_n)
     return kernel.plan_launches(
         query, key_cache, value_cache, block_tables, seq_lens, batch.query_start_loc,
@@ -156,16 +156,27 @@ def plan_kernel(
     )
 
 
+def interpret_partition_size(max_seq_len: int, block_q: int, block_n: int = INTERPRET_BLOCK_N) -> int:
+    """Split-K partition on the CPU: INTERPRET_PARTITION for decode (so long contexts show
+    partitions), the whole context for prefill: the interpreter runs programs one after
+    another, so partitions only add a reduce program per (query token, head), about 5 ms each."""
+    if block_q == 1:
+        return max(INTERPRET_PARTITION, block_n)
+    return max(INTERPRET_PARTITION, block_n, 1 << max(0, (max_seq_len - 1).bit_length()))
+
+
 def interpret_cost_s(
     seq_lens: list[int], num_heads: int, num_kv_heads: int, query_lens: list[int] | None = None,
-    block_n: int = INTERPRET_BLOCK_N, partition_size: int = INTERPRET_PARTITION,
+    block_n: int = INTERPRET_BLOCK_N, partition_size: int | None = None,
 ) -> float:
     """Rough seconds the interpreter needs: a program per (query tile, KV head, partition)
     looping over the key tiles its queries can see, then a reduce program per (query
     token, query head)."""
     query_lens = [1] * len(seq_lens) if query_lens is None else query_lens
     block_q = query_block(query_lens, num_heads // num_kv_heads, INTERPRET_ROWS)
-    parts = max(1, -(-max(seq_lens, default=0) // partition_size))
+    longest = max(seq_lens, default=0)
+    partition_size = partition_size or interpret_partition_size(longest, block_q, block_n)
+    parts = max(1, -(-longest // partition_size))
     iterations = programs = 0
     for n, q in zip(seq_lens, query_lens):
         for first in range(n - q, n, block_q):  # each tile sees keys up to its last query's position
