@@ -18,7 +18,7 @@ import typer
 from ..blocks import MAX_HEADS, check_size, parse_int_list
 from ..errors import RuntimeFailure, UsageError
 from ..plan import Plan
-from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -309,12 +309,12 @@ def run(
     v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
     partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
-    from ..cli import emit_json, stderr_console, stdout_console
+    from ..cli import emit_json, stderr_console
     from ..diagram import MappingView, SequenceMap, check_output_paths
 
+    check_output_paths(svg, png, dot, json=json_output)  # before any work
     variant = Variant(query_len, query, sliding_window, soft_cap, alibi, k_scale, v_scale, partition_size)
     setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output, variant)
-    check_output_paths(svg, png, dot)
     err = stderr_console()
     for warning in setup.plan.warnings:
         err.print(f"warning: {warning}", style="bold red", markup=False, emoji=False, soft_wrap=True)
@@ -337,7 +337,7 @@ def run(
             document["diagrams"] = saved["written"] if saved else []
         emit_json(document)
     else:
-        console = stdout_console()
+        console = report_console(svg, png, dot)
         console.print(render(result))
         if saved is None and diagram_failure is None:
             from ..diagram import terminal_mapping
