@@ -76,10 +76,10 @@ MUTATIONS = [
     Mutation("dtypes: bf16 four bytes", "pagetrace/dtypes.py", '"bf16": 2, "fp8_e4m3"', '"bf16": 4, "fp8_e4m3"', LAYOUT_TESTS + CLI_TESTS),
     Mutation("lookup: chunk bytes in elements", "pagetrace/lookup.py", '"byte_offset": c.element_offset * addr.element_size,', '"byte_offset": c.element_offset,', LAYOUT_TESTS + CLI_TESTS),
     # the kernel and its launcher
-    Mutation("kernel: partition end past the sequence", "pagetrace/kernel.py", "end = tl.minimum(start + partition_size, seq_len)", "end = start + partition_size", KERNEL_TESTS),
+    Mutation("kernel: partition end past the sequence", "pagetrace/kernel.py", "end = tl.minimum(part * partition_size + partition_size, hi)", "end = part * partition_size + partition_size", KERNEL_TESTS),
     Mutation("kernel: key ignores the KV head", "pagetrace/kernel.py", "k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh", "k_token = physical * stride_kb + offset * stride_ko", KERNEL_TESTS),
     Mutation("kernel: rescale factor inverted", "pagetrace/kernel.py", "alpha = tl.exp(m_i - m_safe)", "alpha = tl.exp(m_safe - m_i)", KERNEL_TESTS),
-    Mutation("kernel: traced slot without offset", "pagetrace/kernel.py", "slot = physical * block_size + offset", "slot = physical * block_size", KERNEL_TESTS + ["tests/test_cli_run.py::test_run_json_carries_every_row"]),
+    Mutation("kernel: traced slot without offset", "pagetrace/kernel.py", "t * stride_tt, physical * block_size + offset, mask=first_head)", "t * stride_tt, physical * block_size, mask=first_head)", KERNEL_TESTS + ["tests/test_cli_run.py::test_run_json_carries_every_row"]),
     Mutation("launcher: block-table strides swapped", "pagetrace/kernel.py", "*block_tables.stride(),", "*reversed(block_tables.stride()),", KERNEL_TESTS),
     # run's check and report
     Mutation("report: fp32 tolerance x1000", "pagetrace/report.py", '"fp32": 1e-5', '"fp32": 1e-2', RUN_TESTS),

@@ -77,7 +77,7 @@ def test_failed_check_exits_1(capsys, monkeypatch):
         (["--tokens", "x"], "--tokens"),
         (["--rows", "zero"], "--rows"),
         (["--token", "38"], "--token"),
-        (["--dtype", "fp8"], "--dtype"),
+        (["--dtype", "int8"], "--dtype"),
         (["--backend", "cuda-magic"], "--backend"),
         (["--backend", "triton", "--device", "cpu"], "--backend"),
         (["--device", "tpu"], "--device"),

@@ -15,7 +15,7 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention
-from pagetrace.layouts import LAYOUTS
+from pagetrace.layouts import KERNEL_LAYOUTS, LAYOUTS
 from pagetrace.reference import layout_cache
 
 BACKENDS = [KERNEL_BACKEND, "torch"]
@@ -129,9 +129,9 @@ MIXED = ([9, 5, 37, 12], [1, 5, 20, 0])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(KERNEL_LAYOUTS))
 def test_mixed_batch_every_layout(layout, backend):
-    k = list(LAYOUTS).index(layout)
+    k = list(KERNEL_LAYOUTS).index(layout)
     block_size = [1, 3, 16][k % 3]
     heads, kv_heads = [(4, 2), (4, 1), (2, 2)][k % 3]  # GQA, MQA, MHA
     seq_lens, q_lens = MIXED
