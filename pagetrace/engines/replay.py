@@ -1,0 +1,166 @@
+"""A captured step through pagetrace's kernel, against contiguous attention and the engine.
+
+The stored cache pages become a compact pool (stored block i is pool block i) read
+through the bundle's layout with no copy (`views.as_tensors`), and each block table is
+renumbered into it. Every new token is one query of the decode kernel: token at position
+p of a request attends to the request's tokens 0..p, read through its block table, so a
+decode step is one kernel call with one query per request, and a prefill (or chunked
+prefill) step is the same call with one query per new token (causal, bottom-right: the
+k-th of q new tokens in an n-token sequence sees n - q + k + 1 tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RuntimeFailure
+from .bundle import Manifest, Step
+from .views import as_tensors
+
+
+def pool_views(manifest: Manifest, step: Step, tensors: dict):
+    """(key, value, compact): the stored pages as ``[stored_blocks, bs, H, D]`` views, and
+    physical block -> pool block."""
+    raw = (tensors["key"], tensors["value"]) if manifest.layout.separate else tensors["kv"]
+    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    return key, value, {b: i for i, b in enumerate(step.blocks)}
+
+
+@dataclass(slots=True)
+class TokenQuery:
+    """One new token replayed: which request, where, and what it attended to."""
+
+    request: int
+    index: int  # row in the step's token axis (query_start_loc numbering)
+    position: int  # its position in the sequence; it sees tokens 0..position
+
+
+@dataclass(slots=True)
+class Replay:
+    queries: list[TokenQuery]
+    output: torch.Tensor  # kernel: [tokens, H, D]
+    reference: torch.Tensor  # contiguous attention, fp32
+    engine: torch.Tensor | None  # the engine's own output, when captured
+    trace: object  # pagetrace.attention.Trace
+    backend: str
+    tables: list[list[int]]  # physical block tables (real ids), one per request, counted entries only
+
+
+def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery]:
+    out = []
+    for r in range(len(step.requests)):
+        if requests is not None and r not in requests:
+            continue
+        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
+        first = step.seq_lens[r] - (end - start)
+        out.extend(TokenQuery(r, i, first + k) for k, i in enumerate(range(start, end)))
+    return out
+
+
+def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
+    from ..attention import paged_attention
+    from ..reference import reference_attention
+
+    if "query" not in tensors:
+        raise RuntimeFailure(f"{step.file}: the step stored no query for this layer; nothing to replay")
+    key, value, compact = pool_views(manifest, step, tensors)
+    queries = queries_of(step, requests)
+    if not queries:
+        raise RuntimeFailure(f"step {step.step} has no new tokens to replay for the chosen requests")
+    bs = manifest.block_size
+    tables = [row[: -(-n // bs)] for row, n in zip(step.block_table, step.seq_lens)]
+    width = max(len(tables[q.request]) for q in queries)
+    pool_tables = torch.full((len(queries), width), -1, dtype=torch.int32)
+    for j, q in enumerate(queries):
+        row = tables[q.request][: q.position // bs + 1]
+        missing = [b for b in row if b not in compact]
+        if missing:
+            raise RuntimeFailure(f"request {step.requests[q.request]} token {q.position} reads block {missing[0]}, which the bundle did not store")
+        pool_tables[j, : len(row)] = torch.tensor([compact[b] for b in row], dtype=torch.int32)
+    lens = torch.tensor([q.position + 1 for q in queries], dtype=torch.int32)
+    query = tensors["query"][[q.index for q in queries]].to(key.dtype)
+    out, trace = paged_attention(query, key, value, pool_tables, lens, layout="nhd", scale=manifest.scale, trace=True, backend=backend)
+    ref = reference_attention(query, key, value, pool_tables.tolist(), lens.tolist(), layout="nhd", block_size=bs, scale=manifest.scale)
+    engine = tensors["output"][[q.index for q in queries]] if "output" in tensors else None
+    return Replay(queries, out, ref.output, engine, trace, trace.backend, tables)
+
+
+@dataclass(slots=True)
+class RequestResult:
+    request: str
+    new_tokens: int
+    seq_len: int
+    table: list[int]
+    vs_contiguous: float  # max |kernel - contiguous|
+    vs_engine: float | None  # max |kernel - engine's output|
+    passed: bool
+
+
+@dataclass(slots=True)
+class ReplaySummary:
+    backend: str
+    dtype: str
+    tolerance: float
+    requests: list[RequestResult]
+    traced_request: int
+    traced_token: int
+    rows: list[dict]  # per context token of the traced query
+    block_mass: list[float]  # attention per logical block of the traced request (mean over heads)
+    refcount: dict[int, int]  # physical block -> requests whose table holds it
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.requests)
+
+    def to_json(self, bundle: str, layer: int) -> dict:
+        return {
+            "bundle": str(bundle),
+            "layer": layer,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "requests": [
+                {"request": r.request, "new_tokens": r.new_tokens, "seq_len": r.seq_len, "block_table": r.table,
+                 "max_diff_contiguous": r.vs_contiguous, "max_diff_engine": r.vs_engine, "passed": r.passed}
+                for r in self.requests
+            ],
+            "traced": {"request": self.requests[self.traced_request].request, "token": self.traced_token, "tokens": self.rows},
+            "shared_blocks": {str(b): n for b, n in sorted(self.refcount.items()) if n > 1},
+        }
+
+
+def summarize(manifest: Manifest, step: Step, result: Replay, request: int, token: int) -> ReplaySummary:
+    from ..report import compare
+
+    results = []
+    for r in range(len(step.requests)):
+        rows = [j for j, q in enumerate(result.queries) if q.request == r]
+        if not rows:
+            continue
+        out = result.output[rows]
+        ref_diff, tol, ok = compare(out, result.reference[rows], manifest.dtype)
+        eng_diff = None
+        if result.engine is not None:
+            eng_diff, _, ok_engine = compare(out, result.engine[rows], manifest.dtype)
+            ok = ok and ok_engine
+        results.append(RequestResult(step.requests[r], len(rows), step.seq_lens[r], result.tables[r], ref_diff, eng_diff, ok))
+    refcount: dict[int, int] = {}
+    for table in result.tables:
+        for b in set(table):
+            refcount[b] = refcount.get(b, 0) + 1
+    j = next(j for j, q in enumerate(result.queries) if q.request == request and q.position == token)
+    bs, table = manifest.block_size, result.tables[request]
+    weights = result.trace.weights[j, :, : token + 1].mean(0)
+    logits = result.trace.logits[j, :, : token + 1].mean(0)
+    rows = []
+    for t in range(token + 1):
+        physical = table[t // bs]
+        rows.append({
+            "token": t, "logical_block": t // bs, "offset": t % bs, "physical_block": physical, "slot": physical * bs + t % bs,
+            "refcount": refcount[physical], "score": float(logits[t]), "weight": float(weights[t]),
+        })
+    mass = [float(weights[b * bs : (b + 1) * bs].sum()) for b in range(len(table))]
+    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount)
