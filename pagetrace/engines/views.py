@@ -131,14 +131,14 @@ def get_engine_layout(name: str, option: str = "layout") -> EngineLayout:
         raise UsageError(option, name, f"choose one of {', '.join(ENGINE_LAYOUTS)}") from None
 
 
-def describe(tensor, base, which: str, axes: tuple[str, ...] = AXES) -> KVView:
+def describe(tensor, base, which: str, axes: tuple[str, ...] = AXES, buffer: str = "kv") -> KVView:
     """The `KVView` a real tensor is: its strides in (block, slot, head, dim) order and its
     offset from `base` (the raw buffer it views). `axes` names the tensor's own axis order."""
     order = [axes.index(a) for a in AXES]
     shape = tuple(int(tensor.shape[i]) for i in order)
     strides = tuple(int(tensor.stride()[i]) for i in order)
     offset = (tensor.data_ptr() - base.data_ptr()) // tensor.element_size()
-    return KVView(which, shape, strides, offset, tensor.element_size())
+    return KVView(which, shape, strides, offset, tensor.element_size(), buffer)
 
 
 def check_view(actual: KVView, expected: KVView, layout: str) -> None:
