@@ -54,6 +54,7 @@ def check(
         f"{bundle}: {engine.get('name')} {engine.get('version', '')} {engine.get('backend', '')} · layout {manifest.layout.name} · "
         f"block size {manifest.block_size} · pool {manifest.num_blocks} blocks · sharing {manifest.sharing}",
         markup=False,
+        soft_wrap=True,
     )
     for st, found in results:
         head = f"step {st.step}: {len(st.requests)} requests, {st.num_tokens} new tokens"
