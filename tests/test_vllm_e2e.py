@@ -63,6 +63,7 @@ def test_capture_holds_prefill_decode_and_shared_prefix(bundle):
     manifest, t0 = load(bundle, 0)
     assert manifest["engine"]["name"] == "vllm" and manifest["kv_cache"]["layout"] == "vllm-cpu"
     assert len(manifest["steps"]) == 4
+    assert {s["positions"] for s in manifest["steps"]} == {"model input"}  # what the model received, not derived
     qsl = t0["query_start_loc"].tolist()
     assert qsl[1] - qsl[0] > 1  # a prefill
     _, t1 = load(bundle, 1)

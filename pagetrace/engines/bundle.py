@@ -307,12 +307,12 @@ class BundleWriter:
         self.manifest = dict(manifest, format=FORMAT, version=VERSION, steps=[])
         self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent or "."))
 
-    def add_step(self, step: int, requests: list[str], layers: list[int], tensors: dict) -> None:
+    def add_step(self, step: int, requests: list[str], layers: list[int], tensors: dict, **extra) -> None:
         from safetensors.torch import save_file
 
         name = f"step-{step:04d}.safetensors"
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(self.tmp / name))
-        self.manifest["steps"].append({"step": step, "file": name, "requests": requests, "layers": layers})
+        self.manifest["steps"].append({"step": step, "file": name, "requests": requests, "layers": layers, **extra})
 
     def close(self) -> Path:
         (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n")

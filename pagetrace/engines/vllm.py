@@ -101,8 +101,9 @@ def raw_buffer(cache, layout: str):
     return cache
 
 
-def step_tensors(metadata, block_size: int) -> dict:
-    """The index tensors of one step from a vLLM attention metadata object."""
+def step_tensors(metadata, block_size: int, positions=None) -> dict:
+    """The index tensors of one step from a vLLM attention metadata object; `positions`
+    as the model received them (else derived: the last query_len tokens of each request)."""
     import torch
 
     num_reqs = metadata.seq_lens.shape[0]
@@ -111,8 +112,9 @@ def step_tensors(metadata, block_size: int) -> dict:
     table = metadata.block_table[:num_reqs].cpu()
     counts = (seq_lens.to(torch.int64) + block_size - 1) // block_size
     qlens = (qsl[1:] - qsl[:-1]).to(torch.int64)
-    # positions of the new tokens: the last query_len tokens of each sequence
-    positions = torch.cat([torch.arange(int(s) - int(q), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
+    derived = torch.cat([torch.arange(int(s) - int(q), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
+    num_tokens = int(qsl[-1]) if num_reqs else 0
+    positions = derived if positions is None or positions.shape[0] < num_tokens else positions[:num_tokens].cpu()
     used = [table[r, : int(counts[r])] for r in range(num_reqs)]
     slots = metadata.slot_mapping.cpu()
     written = slots[slots >= 0] // block_size
@@ -144,6 +146,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         self.handles: list = []
         self.meta: dict = {}
         self.step = -1
+        self.positions = None  # the model's `positions` argument in the current forward pass
 
     def _request_ids(self, num_reqs: int) -> list[str]:
         try:  # the model runner's persistent batch: row i of the block table is req_ids[i]
@@ -154,6 +157,10 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         except AttributeError:
             pass
         return [f"row{r}" for r in range(num_reqs)]
+
+    def _model_hook(self, module, args, kwargs) -> None:
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        self.positions = positions.clone() if positions is not None and positions.dim() == 1 else None
 
     def _hook(self, module, args, output) -> None:
         from vllm.forward_context import get_forward_context
@@ -172,8 +179,11 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         layout = self.layout or detect_layout(backend, cache)
         rec = self.records.get(self.step)
         if rec is None:
-            tensors = step_tensors(m, self.block_size)
-            rec = self.records[self.step] = {"tensors": tensors, "layers": [], "requests": self._request_ids(int(m.seq_lens.shape[0]))}
+            tensors = step_tensors(m, self.block_size, self.positions)
+            rec = self.records[self.step] = {
+                "tensors": tensors, "layers": [], "requests": self._request_ids(int(m.seq_lens.shape[0])),
+                "positions": "model input" if self.positions is not None else "derived from seq_lens and query_start_loc",
+            }
         self.meta.setdefault("layers", {})[index] = module.layer_name
         self.meta.update(
             backend=backend, layout=layout, dtype=DTYPE_NAMES[str(cache.dtype)], scale=float(module.impl.scale),
@@ -214,6 +224,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             found = [m for m in model.modules() if isinstance(m, Attention)]
             sink.first_layer = min(layer_index(m.layer_name) for m in found)
             sink.handles = [m.register_forward_hook(sink._hook) for m in found]
+            sink.handles.append(model.register_forward_pre_hook(sink._model_hook, with_kwargs=True))
             return len(found)
 
         if not sum(self.llm.apply_model(install)):
@@ -245,7 +256,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         writer = BundleWriter(self.path, manifest)
         try:
             for step, rec in sorted(self.records.items()):
-                writer.add_step(step, rec["requests"], rec["layers"], rec["tensors"])
+                writer.add_step(step, rec["requests"], rec["layers"], rec["tensors"], positions=rec["positions"])
             return writer.close()
         except BaseException:
             writer.abort()
