@@ -14,6 +14,7 @@ when the interpreter is wanted, and refuses a mode the process can no longer swi
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
 INTERPRET_PARTITION = 4096
 GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_block_n)
-GPU_PARTITION = 512
+GPU_PARTITION = 512  # the longest split-K partition on a GPU; shorter when the batch is small (gpu_partition_size)
+GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
 
 
@@ -74,6 +76,43 @@ def gpu_block_n(head_dim: int, element_size: int) -> int:
     width = 1 << max(4, (head_dim - 1).bit_length())
     fit = GPU_TILE_BYTES // (width * element_size)
     return max(16, min(GPU_BLOCK_N, 1 << max(0, fit.bit_length() - 1)))
+
+
+def gpu_partition_size(max_seq_len: int, num_seqs: int, num_kv_heads: int, block_n: int, num_sms: int) -> int:
+    """Tokens per split-K partition on a GPU: short enough that the (sequence, KV head,
+    partition) programs fill GPU_PROGRAMS_PER_SM x num_sms, never under one tile nor
+    over GPU_PARTITION. A power of two, so a multiple of block_n."""
+    parts = max(1, -(-GPU_PROGRAMS_PER_SM * num_sms // (num_seqs * num_kv_heads)))
+    size = 1 << max(0, (-(-max_seq_len // parts) - 1).bit_length())
+    return min(GPU_PARTITION, max(block_n, size))
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan_kernel(
+    kernel, query, key_cache, value_cache, block_tables, seq_lens, *,
+    layout: str, scale: float, trace: bool, on_gpu: bool, max_seq_len: int, num_kv_heads: int,
+    num_sms: int | None = None, partition_size: int | None = None, block_n: int | None = None,
+):
+    """The kernel's launches for this call (`pagetrace.kernel.LaunchPlan`), tiles chosen for
+    the device: what `paged_attention` runs, and what `pagetrace.gpu_compile` compiles.
+    num_sms: the GPU's SM count (read from the device when None)."""
+    head_dim = query.shape[-1]
+    if on_gpu:
+        block_n = block_n or gpu_block_n(head_dim, query.element_size())
+        num_sms = num_sms or sm_count(query.device)
+        partition_size = partition_size or gpu_partition_size(max_seq_len, query.shape[0], num_kv_heads, block_n, num_sms)
+    else:
+        block_n = block_n or INTERPRET_BLOCK_N
+        partition_size = partition_size or max(INTERPRET_PARTITION, block_n)
+    check_tiles(partition_size, block_n)
+    return kernel.plan_launches(
+        query, key_cache, value_cache, block_tables, seq_lens,
+        layout=layout, scale=scale, trace=trace, partition_size=partition_size, block_n=block_n, max_seq_len=max_seq_len,
+    )
 
 
 def interpret_cost_s(seq_lens: list[int], num_heads: int, num_kv_heads: int, block_n: int = INTERPRET_BLOCK_N) -> float:
@@ -165,22 +204,20 @@ def paged_attention(
         return _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace)
 
     kernel = load_kernel(interpret=chosen == "interpret")
-    on_gpu = chosen == "triton"
-    block_n = block_n or (gpu_block_n(head_dim, query.element_size()) if on_gpu else INTERPRET_BLOCK_N)
-    partition_size = partition_size or max(GPU_PARTITION if on_gpu else INTERPRET_PARTITION, block_n)
-    check_tiles(partition_size, block_n)
+    plan = plan_kernel(
+        kernel, query, key_cache, value_cache, block_tables, seq_lens,
+        layout=layout, scale=scale, trace=trace, on_gpu=chosen == "triton", max_seq_len=max(lens), num_kv_heads=num_kv_heads,
+        partition_size=partition_size, block_n=block_n,
+    )
     try:
-        out, _, ktrace = kernel.launch(
-            query, key_cache, value_cache, block_tables, seq_lens,
-            layout=layout, scale=scale, trace=trace, partition_size=partition_size, block_n=block_n, max_seq_len=max(lens),
-        )
+        out, _, ktrace = plan.run()
     except Exception as exc:
         if type(exc).__name__ == "OutOfResources":  # triton.runtime.errors.OutOfResources
-            raise RuntimeFailure(f"the kernel does not fit this GPU with head_dim {head_dim} and {block_n}-token tiles: {exc}") from exc
+            raise RuntimeFailure(f"the kernel does not fit this GPU with head_dim {head_dim} and {plan.block_n}-token tiles: {exc}") from exc
         raise
     if not trace:
         return out
-    return out, Trace(chosen, partition_size, ktrace.slots, ktrace.partitions, ktrace.logits, ktrace.lse)
+    return out, Trace(chosen, plan.partition_size, ktrace.slots, ktrace.partitions, ktrace.logits, ktrace.lse)
 
 
 def check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout: str) -> tuple[list[int], int]:

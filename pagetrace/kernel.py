@@ -26,12 +26,21 @@ import triton.language as tl
 from .layouts import get_layout, kernel_strides
 
 
-@triton.jit
+# Arguments that change with the batch's longest sequence (partition length, table width,
+# trace width): specialising on their values (== 1, % 16) would compile new variants as a
+# context grows. The partition buffers' strides need no such care: their partition axis is
+# allocated in multiples of 16 (PARTS_ALIGN), so those strides stay multiples of 16.
+_PARTITION_GROWING = ("partition_size", "stride_bts", "stride_ts", "stride_ls", "stride_lh")
+_REDUCE_GROWING = ("partition_size",)
+PARTS_ALIGN = 16
+
+
+@triton.jit(do_not_specialize=_PARTITION_GROWING)
 def _paged_attention_partition(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr,
     part_out_ptr, part_m_ptr, part_l_ptr,
     trace_slot_ptr, trace_part_ptr, trace_logit_ptr,
-    scale, block_size,
+    scale, block_size, partition_size,
     stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kdh, stride_kdl,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -42,7 +51,8 @@ def _paged_attention_partition(
     stride_ls, stride_lh, stride_lt,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, X: tl.constexpr,
-    BLOCK_N: tl.constexpr, PARTITION_SIZE: tl.constexpr,
+    KEY_ALIGNED: tl.constexpr,  # X > 1 and every X-element key chunk starts 16-byte aligned (the launcher checked)
+    BLOCK_N: tl.constexpr,
     TRACE: tl.constexpr,
     IEEE_DOT: tl.constexpr,  # fp32 products: fp32 caches, and bf16 under the interpreter (numpy has no bf16 matmul)
 ):
@@ -50,8 +60,8 @@ def _paged_attention_partition(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)  # int64 offsets: trace and partition buffers can pass 2**31 elements
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = part * PARTITION_SIZE
-    end = tl.minimum(start + PARTITION_SIZE, seq_len)
+    start = part * partition_size
+    end = tl.minimum(start + partition_size, seq_len)
 
     g = tl.arange(0, GROUP_P)
     d = tl.arange(0, HEAD_DIM_P)
@@ -64,7 +74,10 @@ def _paged_attention_partition(
         q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d[None, :] * stride_qd,
         mask=g_mask[:, None] & d_mask[None, :], other=0.0,
     )
-    k_dim = (d // X) * stride_kdh + (d % X) * stride_kdl  # vllm splits a key into X-element chunks
+    k_chunk = (d // X) * stride_kdh  # vllm splits a key into X-element chunks
+    if KEY_ALIGNED:  # without the proof Triton reads a split key one element at a time
+        k_chunk = tl.multiple_of(k_chunk, X)
+    k_dim = k_chunk + (d % X) * stride_kdl
 
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
@@ -77,10 +90,10 @@ def _paged_attention_partition(
         offset = t % block_size
         physical = tl.load(block_tables_ptr + seq * stride_bts + logical * stride_btb, mask=t_mask, other=0).to(tl.int64)
         kv_mask = t_mask[:, None] & d_mask[None, :]
-        k = tl.load(
-            k_ptr + physical[:, None] * stride_kb + offset[:, None] * stride_ko + kv_head * stride_kh + k_dim[None, :],
-            mask=kv_mask, other=0.0,
-        )
+        k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh
+        if KEY_ALIGNED:
+            k_token = tl.multiple_of(k_token, X)
+        k = tl.load(k_ptr + k_token[:, None] + k_dim[None, :], mask=kv_mask, other=0.0)
         v = tl.load(
             v_ptr + physical[:, None] * stride_vb + offset[:, None] * stride_vo + kv_head * stride_vh + d[None, :] * stride_vd,
             mask=kv_mask, other=0.0,
@@ -124,20 +137,19 @@ def _paged_attention_partition(
     tl.store(part_l_ptr + ml, l_i, mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_REDUCE_GROWING)
 def _paged_attention_reduce(
-    part_out_ptr, part_m_ptr, part_l_ptr, out_ptr, lse_ptr, seq_lens_ptr,
+    part_out_ptr, part_m_ptr, part_l_ptr, out_ptr, lse_ptr, seq_lens_ptr, partition_size,
     stride_pos, stride_poh, stride_pop, stride_pod,
     stride_pms, stride_pmh, stride_pmp,
     stride_os, stride_oh, stride_od,
     stride_lses, stride_lseh,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-    PARTITION_SIZE: tl.constexpr, PARTS_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, PARTS_TILE: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_parts = tl.cdiv(seq_len, PARTITION_SIZE)
+    num_parts = tl.cdiv(seq_len, partition_size)
     d = tl.arange(0, HEAD_DIM_P)
     d_mask = d < HEAD_DIM
     ml = part_m_ptr + seq * stride_pms + head * stride_pmh
@@ -199,7 +211,48 @@ def cache_geometry(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: s
     return shape["slot"], shape.get("head", 1), shape.get("dim_lo", 1)
 
 
-def launch(
+@dataclass(slots=True)
+class Launch:
+    """One kernel launch exactly as the launcher makes it: call it to run it, or hand it to
+    `pagetrace.gpu_compile` to compile it for a GPU architecture without a GPU."""
+
+    kernel: object  # a triton JITFunction (or the interpreter's stand-in for one)
+    grid: tuple[int, int, int]
+    args: tuple
+    constexprs: dict[str, object]
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs)
+
+
+@dataclass(slots=True)
+class LaunchPlan:
+    """The launches of one call, in order, and the tensors they write."""
+
+    launches: list[Launch]
+    partition_size: int
+    block_n: int
+    out: torch.Tensor
+    lse: torch.Tensor
+    trace: KernelTrace | None
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
+        for one in self.launches:
+            one()
+        return self.out, self.lse, self.trace
+
+
+def launch(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
+    """Run the partition kernel and the reduce; returns (output, lse, trace or None).
+    Takes `plan_launches`'s arguments."""
+    return plan_launches(*args, **kwargs).run()
+
+
+def plan_launches(
     query: torch.Tensor,
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
@@ -212,8 +265,12 @@ def launch(
     partition_size: int = 512,
     block_n: int = 64,
     max_seq_len: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, KernelTrace | None]:
-    """Run the partition kernel and the reduce; returns (output, lse, trace or None)."""
+) -> LaunchPlan:
+    """Allocate the outputs and work buffers and build the launches, without running them.
+
+    Nothing here reads tensor data, so inputs on the "meta" device plan a launch of any
+    size for free (that is how `pagetrace.gpu_compile` compiles what a GPU would run).
+    """
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads, x = cache_geometry(key_cache, value_cache, layout)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
@@ -235,8 +292,9 @@ def launch(
     vs = kernel_strides(get_layout(layout), "value", value_cache.stride())
     assert vs["dim_lo"] == 0, "the value cache is never split"
 
-    part_out = torch.empty(num_seqs, num_heads, num_parts, head_dim, dtype=torch.float32, device=device)
-    part_m = torch.empty(num_seqs, num_heads, num_parts, dtype=torch.float32, device=device)
+    parts_alloc = triton.cdiv(num_parts, PARTS_ALIGN) * PARTS_ALIGN
+    part_out = torch.empty(num_seqs, num_heads, parts_alloc, head_dim, dtype=torch.float32, device=device)
+    part_m = torch.empty(num_seqs, num_heads, parts_alloc, dtype=torch.float32, device=device)
     part_l = torch.empty_like(part_m)
     if trace:
         slots = torch.full((num_seqs, max_seq_len), -1, dtype=torch.int64, device=device)
@@ -247,11 +305,11 @@ def launch(
     logit_strides = logits.stride() if trace else (0, 0, 0)
     slot_strides = slots.stride() if trace else (0, 0)
 
-    _paged_attention_partition[(num_parts, num_kv_heads, num_seqs)](
+    partition = Launch(_paged_attention_partition, (num_parts, num_kv_heads, num_seqs), (
         query, key_cache, value_cache, block_tables, seq_lens,
         part_out, part_m, part_l,
         slots, parts, logits,
-        scale, block_size,
+        scale, block_size, partition_size,
         *query.stride(),
         ks["block"], ks["slot"], ks["head"], ks["dim_hi"], ks["dim_lo"],
         vs["block"], vs["slot"], vs["head"], vs["dim_hi"],
@@ -260,21 +318,25 @@ def launch(
         *part_m.stride(),
         *slot_strides,
         *logit_strides,
-        GROUP=group, GROUP_P=_pow2(group, 16),
+    ), dict(
+        GROUP=group, GROUP_P=_pow2(group),  # tl.dot needs K >= 16 only; Triton pads M (the group) itself
         HEAD_DIM=head_dim, HEAD_DIM_P=_pow2(head_dim, 16), X=x,
-        BLOCK_N=block_n, PARTITION_SIZE=partition_size,
+        KEY_ALIGNED=x > 1 and ks["dim_lo"] == 1 and key_cache.data_ptr() % 16 == 0
+        and all(ks[axis] % x == 0 for axis in ("block", "slot", "head", "dim_hi")),
+        BLOCK_N=block_n,
         TRACE=trace, IEEE_DOT=query.dtype == torch.float32 or (interpreted() and query.dtype == torch.bfloat16),
-    )
+    ))
     out = torch.empty_like(query)
     lse = torch.empty(num_seqs, num_heads, dtype=torch.float32, device=device)
-    _paged_attention_reduce[(num_seqs, num_heads)](
-        part_out, part_m, part_l, out, lse, seq_lens,
+    reduce = Launch(_paged_attention_reduce, (num_seqs, num_heads, 1), (
+        part_out, part_m, part_l, out, lse, seq_lens, partition_size,
         *part_out.stride(),
         *part_m.stride(),
         *out.stride(),
         *lse.stride(),
+    ), dict(
         HEAD_DIM=head_dim, HEAD_DIM_P=_pow2(head_dim, 16),
-        PARTITION_SIZE=partition_size, PARTS_TILE=_pow2(min(num_parts, 32), 2),
-    )
+        PARTS_TILE=max(2, min(32, 2048 // _pow2(head_dim, 16))),  # by shape, not partition count: one variant per shape
+    ))
     kernel_trace = KernelTrace(slots, parts, logits, lse) if trace else None
-    return out, lse, kernel_trace
+    return LaunchPlan([partition, reduce], partition_size, block_n, out, lse, kernel_trace)

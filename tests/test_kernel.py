@@ -224,3 +224,16 @@ def test_api_refuses_mismatched_dtypes_devices_and_tiles():
         paged_attention(*args, backend=KERNEL_BACKEND, partition_size=100, block_n=16)
     with pytest.raises(UsageError, match="each at least 1"):
         paged_attention(w.query[:0], *args[1:3], w.block_tables[:0], w.seq_lens[:0], backend=KERNEL_BACKEND)
+
+
+def test_gpu_partitions_fill_the_sms_of_small_batches():
+    from pagetrace.attention import GPU_PARTITION, gpu_partition_size
+
+    # batch 1 x 8 KV heads x 1k tokens on 132 SMs: 16 partitions of 64 (128 programs), not 2 of 512
+    assert gpu_partition_size(1024, 1, 8, 64, 132) == 64
+    assert gpu_partition_size(131072, 64, 8, 64, 132) == GPU_PARTITION  # a big batch fills the GPU already
+    assert gpu_partition_size(38, 1, 1, 64, 108) == 64  # never under one tile
+    for n in (1, 17, 1000, 4096, 100000):
+        for seqs, heads in ((1, 1), (1, 8), (16, 8), (64, 32)):
+            size = gpu_partition_size(n, seqs, heads, 32, 132)
+            assert size % 32 == 0 and size & (size - 1) == 0 and 32 <= size <= GPU_PARTITION
