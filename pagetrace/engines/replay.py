@@ -61,7 +61,6 @@ def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery
 
 def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
     from ..attention import paged_attention
-    from ..reference import reference_attention
 
     if "query" not in tensors:
         raise RuntimeFailure(f"{step.file}: the step stored no query for this layer; nothing to replay")
@@ -82,9 +81,34 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
     lens = torch.tensor([q.position + 1 for q in queries], dtype=torch.int32)
     query = tensors["query"][[q.index for q in queries]].to(key.dtype)
     out, trace = paged_attention(query, key, value, pool_tables, lens, layout="nhd", scale=manifest.scale, trace=True, backend=backend)
-    ref = reference_attention(query, key, value, pool_tables.tolist(), lens.tolist(), layout="nhd", block_size=bs, scale=manifest.scale)
+    reference = causal_reference(query, key, value, queries, pool_tables, manifest.scale, bs)
     engine = tensors["output"][[q.index for q in queries]] if "output" in tensors else None
-    return Replay(queries, out, ref.output, engine, trace, trace.backend, tables)
+    return Replay(queries, out, reference, engine, trace, trace.backend, tables)
+
+
+def causal_reference(query, key, value, queries: list[TokenQuery], pool_tables, scale: float, bs: int) -> torch.Tensor:
+    """Contiguous attention in fp32, one gather per request: its tokens 0..last position
+    laid out in order, then each new token's softmax over the tokens up to its own."""
+    from ..reference import gather
+
+    out = torch.empty(len(queries), *query.shape[1:], dtype=torch.float32)
+    by_request: dict[int, list[int]] = {}
+    for j, q in enumerate(queries):
+        by_request.setdefault(q.request, []).append(j)
+    for rows in by_request.values():
+        last = max(queries[j].position for j in rows)
+        longest = max(rows, key=lambda j: queries[j].position)
+        table = pool_tables[longest].tolist()
+        k = gather(key, "nhd", "key", table, last + 1, bs).float()  # [n, Hkv, D]
+        v = gather(value, "nhd", "value", table, last + 1, bs).float()
+        group = query.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        q = query[rows].float()  # [m, H, D]
+        logits = torch.einsum("mhd,nhd->mhn", q, k) * scale
+        visible = torch.arange(last + 1)[None, :] <= torch.tensor([queries[j].position for j in rows])[:, None]
+        weights = torch.softmax(logits.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
+        out[rows] = torch.einsum("mhn,nhd->mhd", weights, v)
+    return out
 
 
 @dataclass(slots=True)
