@@ -191,10 +191,11 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
             sliding_window=_window(getattr(module.impl, "sliding_window", None)),
         )
-        from .views import ENGINE_LAYOUTS
+        from .views import ENGINE_LAYOUTS, as_tensors
 
         lay = ENGINE_LAYOUTS[layout]
         raw = raw_buffer(cache, layout)
+        as_tensors(raw, lay, self.block_size, module.num_kv_heads, module.head_size)  # refuses a cache the layout does not describe
         self.meta["num_blocks"] = int(raw.shape[lay.block_axis])
         t = int(m.num_actual_tokens)
         ids = rec["tensors"]["blocks"].to(raw.device)
@@ -219,7 +220,10 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         sink = self
 
         def install(model):
-            from vllm.model_executor.layers.attention.attention import Attention
+            try:  # vLLM 0.32 (model_executor/layers/attention/attention.py); older: vllm/attention/layer.py
+                from vllm.model_executor.layers.attention.attention import Attention
+            except ImportError:
+                from vllm.attention.layer import Attention
 
             found = [m for m in model.modules() if isinstance(m, Attention)]
             sink.first_layer = min(layer_index(m.layer_name) for m in found)
