@@ -173,6 +173,15 @@ def write_bundle(path, layout: str = "vllm-cpu", sharing: str = "full-blocks"):
         "blocks": blocks, "layer0.query": torch.randn(12, 4, D) * 3, "layer0.new_key": new_k, "layer0.new_value": new_v,
         **{f"layer0.{n}": t for n, t in store.items()},
     }
+    # the "engine's" output: attention written here, each new token over its request's tokens 0..p
+    query, outputs = tensors["layer0.query"], []
+    for i, (r, p) in enumerate([(0, p) for p in range(11)] + [(1, 9)]):
+        idx = [(tables[r][t // BS], t % BS) for t in range(p + 1)]
+        kk = torch.stack([k[b, o] for b, o in idx]).repeat_interleave(2, dim=1)
+        vv = torch.stack([v[b, o] for b, o in idx]).repeat_interleave(2, dim=1)
+        w = torch.softmax(torch.einsum("hd,thd->ht", query[i], kk) * D**-0.5, -1)
+        outputs.append(torch.einsum("ht,thd->hd", w, vv))
+    tensors["layer0.output"] = torch.stack(outputs)
     writer.add_step(0, ["a", "b"], [0], tensors)
     return writer.close()
 
@@ -316,3 +325,49 @@ def test_lookup_from_refuses_bad_requests_and_tokens(tmp_path, capsys):
     assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "10"), "--token")
     assert_usage_error(cli(capsys, "lookup", "--from", str(path)), "--request")
     assert_usage_error(cli(capsys, "replay", str(path), "--request", "a", "--token", "40"), "--token")
+
+
+def test_replay_refuses_a_wrong_layout_and_draws_shared_blocks(tmp_path, capsys):
+    path = write_bundle(tmp_path / "b", "vllm-hnd")
+    svg = tmp_path / "t.svg"
+    code, out, err = cli(capsys, "replay", str(path), "--request", "a", "--token", "5", "--backend", "torch", "--svg", str(svg))
+    assert code == 0 and "3(x2),5(x2),1" in out, out
+    assert "ref count 2" in svg.read_text()
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["kv_cache"]["layout"] = "vllm-cpu"  # the same raw shape, read another way
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    code, out, err = cli(capsys, "replay", str(path), "--json", "--backend", "torch")
+    doc = json.loads(out)
+    assert code == 1 and not doc["passed"] and min(r["max_diff_engine"] for r in doc["requests"]) > 0.1
+
+
+def test_vllm_metadata_to_step_tensors_without_vllm():
+    """`step_tensors` on an object shaped like vLLM's CPUAttentionMetadata (cpu_attn.py)."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import _window, capture, detect_layout, layer_index, step_tensors
+
+    md = SimpleNamespace(
+        query_start_loc=torch.tensor([0, 3, 4], dtype=torch.int32), seq_lens=torch.tensor([3, 6], dtype=torch.int32),
+        block_table=torch.tensor([[2, 0, 0], [3, 5, 0]], dtype=torch.int32), slot_mapping=torch.tensor([8, 9, 10, 21, -1, -1]),
+    )
+    t = step_tensors(md, 4)
+    assert t["positions"].tolist() == [0, 1, 2, 5] and t["block_counts"].tolist() == [1, 2] and t["blocks"].tolist() == [2, 3, 5]
+    t = step_tensors(md, 4, positions=torch.tensor([0, 1, 2, 5, 0, 0]))
+    assert t["positions"].tolist() == [0, 1, 2, 5]
+    assert layer_index("model.layers.3.self_attn.attn") == 3
+    assert (_window(-1), _window(None), _window((127, 0)), _window(64)) == (None, None, 128, 64)
+    assert detect_layout("CPU_ATTN", torch.zeros(2, 2, 32, 64)) == "vllm-cpu"
+    assert detect_layout("FLASH_ATTN", torch.zeros(2, 2, 32, 64)) == "vllm-hnd"
+    assert detect_layout("FLASH_ATTN", torch.zeros(2, 32, 2, 64).transpose(1, 2)) == "vllm-nhd"
+    assert detect_layout("FLASH_ATTN", torch.zeros(2, 5, 32, 2, 64)) == "flash-attn"
+    os_env = __import__("os").environ
+    saved = os_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    try:
+        from pagetrace.errors import RuntimeFailure
+
+        with pytest.raises(RuntimeFailure, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+            capture(None, "x.bundle")
+    finally:
+        if saved is not None:
+            os_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
