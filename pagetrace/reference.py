@@ -61,8 +61,8 @@ class ReferenceResult:
 def gather(cache: torch.Tensor, layout: str, which: str, table: list[int], seq_len: int, block_size: int) -> torch.Tensor:
     """One sequence's key or value vectors, contiguous: ``[seq_len, num_kv_heads, head_dim]``."""
     canon = canonical_cache(cache, layout, which)
-    slots = slots_of(table, seq_len, block_size).to(cache.device)
-    return canon[slots // block_size, slots % block_size]  # indexes the view: no copy of a strided pool
+    flat = canon.reshape(-1, canon.shape[2], canon.shape[3])
+    return flat[slots_of(table, seq_len, block_size).to(cache.device)]
 
 
 def reference_attention(
