@@ -189,6 +189,8 @@ def read_manifest(path: str | Path) -> Manifest:
             if layer not in layers:
                 raise BundleError(file, f"steps[{i}].layers[{j}]", f"layer {layer!r} is not in the manifest's layers")
     window = _get(attn, "sliding_window", int, file, "attention.", optional=True)
+    if window is not None and window < 1:
+        raise BundleError(file, "attention.sliding_window", f"{window}: a window holds at least 1 token; write null for none")
     null_block = _get(kv, "null_block", int, file, "kv_cache.", optional=True)
     return Manifest(
         engine=_get(doc, "engine", dict, file),

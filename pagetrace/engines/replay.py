@@ -59,6 +59,16 @@ def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery
     return out
 
 
+def varlen_api() -> bool:
+    """Whether `paged_attention` takes `query_start_loc` (one call for decode, prefill and
+    mixed batches); without it each new token is its own decode query."""
+    import inspect
+
+    from ..attention import paged_attention
+
+    return "query_start_loc" in inspect.signature(paged_attention).parameters
+
+
 def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
     from ..attention import paged_attention
 
@@ -70,42 +80,57 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
         raise RuntimeFailure(f"step {step.step} has no new tokens to replay for the chosen requests")
     bs = manifest.block_size
     tables = [row[: -(-n // bs)] for row, n in zip(step.block_table, step.seq_lens)]
-    width = max(len(tables[q.request]) for q in queries)
-    pool_tables = torch.full((len(queries), width), -1, dtype=torch.int32)
-    for j, q in enumerate(queries):
-        row = tables[q.request][: q.position // bs + 1]
-        missing = [b for b in row if b not in compact]
+    for q in queries:
+        missing = [b for b in tables[q.request][: q.position // bs + 1] if b not in compact]
         if missing:
             raise RuntimeFailure(f"request {step.requests[q.request]} token {q.position} reads block {missing[0]}, which the bundle did not store")
-        pool_tables[j, : len(row)] = torch.tensor([compact[b] for b in row], dtype=torch.int32)
-    lens = torch.tensor([q.position + 1 for q in queries], dtype=torch.int32)
+
+    def pool_rows(rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(row) for row in rows)
+        return torch.tensor([[compact[b] for b in row] + [-1] * (width - len(row)) for row in rows], dtype=torch.int32)
+
     query = tensors["query"][[q.index for q in queries]].to(key.dtype)
-    out, trace = paged_attention(query, key, value, pool_tables, lens, layout="nhd", scale=manifest.scale, trace=True, backend=backend)
-    reference = causal_reference(query, key, value, queries, pool_tables, manifest.scale, bs)
+    options = dict(layout="nhd", scale=manifest.scale, trace=True, backend=backend)
+    if varlen_api():  # the step as the engine ran it: one call, query_start_loc and all
+        chosen = sorted({q.request for q in queries})
+        qsl = [0]
+        for r in chosen:
+            qsl.append(qsl[-1] + sum(q.request == r for q in queries))
+        out, trace = paged_attention(
+            query, key, value, pool_rows([tables[r] for r in chosen]), torch.tensor([step.seq_lens[r] for r in chosen], dtype=torch.int32),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32), sliding_window=manifest.sliding_window, **options,
+        )
+    else:  # each new token is one decode query over its own causal prefix
+        if manifest.sliding_window is not None:
+            raise RuntimeFailure("this pagetrace's kernel has no sliding window; the step was captured with one")
+        per_token = pool_rows([tables[q.request][: q.position // bs + 1] for q in queries])
+        out, trace = paged_attention(query, key, value, per_token, torch.tensor([q.position + 1 for q in queries], dtype=torch.int32), **options)
+    reference = causal_reference(query, key, value, queries, [tables[q.request] for q in queries], compact, manifest)
     engine = tensors["output"][[q.index for q in queries]] if "output" in tensors else None
     return Replay(queries, out, reference, engine, trace, trace.backend, tables)
 
 
-def causal_reference(query, key, value, queries: list[TokenQuery], pool_tables, scale: float, bs: int) -> torch.Tensor:
+def causal_reference(query, key, value, queries: list[TokenQuery], tables: list[list[int]], compact: dict[int, int], manifest: Manifest) -> torch.Tensor:
     """Contiguous attention in fp32, one gather per request: its tokens 0..last position
-    laid out in order, then each new token's softmax over the tokens up to its own."""
+    laid out in order, then each new token's softmax over the tokens up to its own (and
+    inside the sliding window, when there is one)."""
     from ..reference import gather
 
+    bs, window = manifest.block_size, manifest.sliding_window
     out = torch.empty(len(queries), *query.shape[1:], dtype=torch.float32)
     by_request: dict[int, list[int]] = {}
     for j, q in enumerate(queries):
         by_request.setdefault(q.request, []).append(j)
     for rows in by_request.values():
         last = max(queries[j].position for j in rows)
-        longest = max(rows, key=lambda j: queries[j].position)
-        table = pool_tables[longest].tolist()
+        table = [compact[b] for b in tables[rows[0]][: last // bs + 1]]
         k = gather(key, "nhd", "key", table, last + 1, bs).float()  # [n, Hkv, D]
         v = gather(value, "nhd", "value", table, last + 1, bs).float()
         group = query.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        q = query[rows].float()  # [m, H, D]
-        logits = torch.einsum("mhd,nhd->mhn", q, k) * scale
-        visible = torch.arange(last + 1)[None, :] <= torch.tensor([queries[j].position for j in rows])[:, None]
+        logits = torch.einsum("mhd,nhd->mhn", query[rows].float(), k) * manifest.scale
+        keys, positions = torch.arange(last + 1)[None, :], torch.tensor([queries[j].position for j in rows])[:, None]
+        visible = (keys <= positions) & ((keys > positions - window) if window is not None else True)
         weights = torch.softmax(logits.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
         out[rows] = torch.einsum("mhn,nhd->mhd", weights, v)
     return out
