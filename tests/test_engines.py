@@ -63,7 +63,13 @@ def test_every_layout_reads_back_what_the_engine_wrote(name):
 
 
 def test_a_wrong_view_of_the_right_shape_is_refused():
+    from pagetrace.engines.views import verify
+
     raw = engine_buffer("vllm-cpu", encoded(1), encoded(2))
+    good_k, good_v = as_tensors(raw, ENGINE_LAYOUTS["vllm-cpu"], BS, H, D)
+    verify(good_k, good_v, raw, "vllm-cpu")
+    with pytest.raises(UsageError, match="key view.*slot stride"):  # the right tensors claimed as another layout
+        verify(good_k, good_v, raw, "vllm-hnd")
     row_major = raw.view(NB, H, 2 * BS, D)[:, :, :BS].permute(0, 2, 1, 3)  # vLLM's Python view of the CPU cache
     kview, vview = ENGINE_LAYOUTS["vllm-cpu"].views(NB, BS, H, D, 4)
     with pytest.raises(UsageError, match=f"slot stride is {D} elements; the 'vllm-cpu' layout has 1"):

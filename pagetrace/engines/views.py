@@ -175,3 +175,20 @@ def as_tensors(raw, layout: EngineLayout, bs: int, h: int, d: int):
     key = torch.as_strided(k_buf, kview.shape, kview.strides, k_buf.storage_offset() + kview.offset)
     value = torch.as_strided(v_buf, vview.shape, vview.strides, v_buf.storage_offset() + vview.offset)
     return key, value
+
+
+def verify(key, value, raw, layout: str) -> tuple[KVView, KVView]:
+    """Check that `key` and `value` (``[num_blocks, block_size, H, D]`` tensors) are the views
+    `layout` gives of `raw` (one buffer, or a (key, value) pair); returns their descriptions.
+
+    Use it before handing an engine's tensors to `pagetrace.paged_attention`, which reads
+    whatever strides it is given."""
+    lay = get_engine_layout(layout)
+    nb, bs, h, d = (int(n) for n in key.shape)
+    want_k, want_v = lay.views(nb, bs, h, d, key.element_size())
+    k_buf, v_buf = tuple(raw) if lay.separate else (raw, raw)
+    got_k = describe(key, k_buf, "key", buffer=want_k.buffer)
+    got_v = describe(value, v_buf, "value", buffer=want_v.buffer)
+    check_view(got_k, want_k, layout)
+    check_view(got_v, want_v, layout)
+    return got_k, got_v
