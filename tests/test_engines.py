@@ -377,3 +377,54 @@ def test_vllm_metadata_to_step_tensors_without_vllm():
     finally:
         if saved is not None:
             os_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+
+
+def attention_by_slots(q, k_rows, v_rows, scale):
+    """[H, D] attention of one query over [n, Hkv, D] keys and values, written here."""
+    group = q.shape[0] // k_rows.shape[1]
+    kk, vv = k_rows.repeat_interleave(group, dim=1), v_rows.repeat_interleave(group, dim=1)
+    return torch.einsum("ht,thd->hd", torch.softmax(torch.einsum("hd,thd->ht", q, kk) * scale, -1), vv)
+
+
+def test_a_flashinfer_decode_step_as_a_bundle(tmp_path, capsys):
+    # flashinfer's BatchDecodeWithPagedKVCacheWrapper example, smaller heads: 7 requests over 128 pages of 16
+    indptr = torch.tensor([0, 17, 29, 44, 48, 66, 100, 128], dtype=torch.int32)
+    indices = torch.arange(128).int()
+    last = torch.tensor([1, 7, 14, 4, 3, 1, 16], dtype=torch.int32)
+    torch.manual_seed(0)
+    cache = torch.randn(128, 2, 16, 2, 16)  # [max_num_pages, 2, page_size, num_kv_heads, head_dim], NHD
+    q = torch.randn(7, 4, 16)
+    outs = []
+    for r in range(7):
+        n = (int(indptr[r + 1] - indptr[r]) - 1) * 16 + int(last[r])
+        pages = [int(indices[indptr[r] + t // 16]) for t in range(n)]
+        k_rows = torch.stack([cache[p, 0, t % 16] for t, p in enumerate(pages)])
+        v_rows = torch.stack([cache[p, 1, t % 16] for t, p in enumerate(pages)])
+        outs.append(attention_by_slots(q[r], k_rows, v_rows, 16**-0.5))
+    path = flashinfer.write_bundle(tmp_path / "fi.bundle", indptr, indices, last, cache, kv_layout="NHD", page_size=16,
+                                   num_qo_heads=4, query=q, output=torch.stack(outs))
+    assert violations(capsys, path) == (0, [])
+    code, out, err = cli(capsys, "replay", str(path), "--request", "6", "--backend", "torch", "--json")
+    assert code == 0 and json.loads(out)["passed"]
+    # one entry of kv_indices pointing into another request's pages is named
+    bad = indices.clone()
+    bad[17 + 3] = 5  # request 1's logical page 3 -> request 0's page 5 (its logical page 5)
+    path = flashinfer.write_bundle(tmp_path / "bad.bundle", indptr, bad, last, cache, kv_layout="NHD", page_size=16, num_qo_heads=4)
+    code, found = violations(capsys, path, "--no-data")
+    assert code == 1 and [(v["check"], v["request"], v["token"], v["logical_block"], v["physical_block"]) for v in found] == [("sharing", "1", 48, 3, 5)]
+
+
+def test_an_sglang_decode_step_as_a_bundle(tmp_path, capsys):
+    torch.manual_seed(0)
+    size, page = 64, 1
+    k_buffer, v_buffer = torch.randn(size + page, H, D), torch.randn(size + page, H, D)  # slot 0: the padding slot
+    req_to_token = torch.zeros(4, 32, dtype=torch.int32)
+    req_to_token[2, :5] = torch.tensor([7, 8, 30, 31, 12])
+    req_to_token[0, :3] = torch.tensor([40, 41, 3])
+    lens, rows = [5, 3], [2, 0]
+    out_cache_loc = [12, 3]  # the new (last) token of each request
+    path = sglang.write_bundle(tmp_path / "sg.bundle", req_to_token, rows, lens, k_buffer, v_buffer, num_heads=4, out_cache_loc=out_cache_loc)
+    assert violations(capsys, path) == (0, [])
+    path = sglang.write_bundle(tmp_path / "bad.bundle", req_to_token, rows, lens, k_buffer, v_buffer, num_heads=4, out_cache_loc=[12, 41])
+    code, found = violations(capsys, path, "--no-data")
+    assert code == 1 and [(v["check"], v["request"], v["token"], v["physical_block"], v["slot"]) for v in found] == [("slot", "1", 2, 3, 41)], found

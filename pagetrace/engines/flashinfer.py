@@ -44,3 +44,12 @@ def cache_layout(paged_kv_cache, kv_layout: str) -> EngineLayout:
 def kv_views(paged_kv_cache, kv_layout: str, page_size: int, num_kv_heads: int, head_dim: int):
     """K and V as ``[max_num_pages, page_size, H, D]`` views of FlashInfer's cache (no copy)."""
     return as_tensors(paged_kv_cache, cache_layout(paged_kv_cache, kv_layout), page_size, num_kv_heads, head_dim)
+
+
+def write_bundle(path, kv_indptr, kv_indices, kv_last_page_len, paged_kv_cache, *, kv_layout: str, page_size: int, num_qo_heads: int, query=None, output=None, **options):
+    """A batch-decode step of FlashInfer (its `plan` arguments and the cache) as a capture bundle."""
+    from .export import write_bundle as write
+
+    tables, lens = block_tables(list(map(int, kv_indptr)), list(map(int, kv_indices)), list(map(int, kv_last_page_len)), page_size)
+    return write(path, engine="flashinfer", layout=cache_layout(paged_kv_cache, kv_layout).name, cache=paged_kv_cache, block_size=page_size,
+                 num_heads=num_qo_heads, tables=tables, seq_lens=lens, query=query, output=output, **options)

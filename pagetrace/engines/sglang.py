@@ -45,3 +45,17 @@ def kv_views(k_buffer, v_buffer, page_size: int = 1):
         raise UsageError("page_size", page_size, f"the buffers hold {size} slots, not a whole number of pages")
     pages = (k_buffer.view(size // page_size, page_size, heads, dim), v_buffer.view(size // page_size, page_size, heads, dim))
     return as_tensors(pages, ENGINE_LAYOUTS["nhd"], page_size, heads, dim)
+
+
+def write_bundle(path, req_to_token, req_pool_indices, seq_lens, k_buffer, v_buffer, *, num_heads: int, page_size: int = 1, out_cache_loc=None, query=None, output=None, **options):
+    """A decode step of SGLang (one new token per request; `out_cache_loc` the slots it wrote)
+    as a capture bundle; slot 0's page is the null page."""
+    from .export import write_bundle as write
+
+    size, heads, dim = k_buffer.shape
+    lens = [int(n) for n in seq_lens]
+    tables = block_tables(req_to_token, [int(i) for i in req_pool_indices], lens, page_size)
+    pages = (k_buffer.view(size // page_size, page_size, heads, dim), v_buffer.view(size // page_size, page_size, heads, dim))
+    slots = None if out_cache_loc is None else [int(s) for s in out_cache_loc]
+    return write(path, engine="sglang", layout="nhd", cache=pages, block_size=page_size, num_heads=num_heads, tables=tables, seq_lens=lens,
+                 slot_mapping=slots, query=query, output=output, null_block=NULL_PAGE, **options)
