@@ -6,6 +6,8 @@ One module per engine, each citing the engine's own convention:
     vllm        vLLM V1: metadata and cache from a live engine, and the `capture` helper
     flashinfer  FlashInfer's CSR page table (kv_indptr, kv_indices, kv_last_page_len)
     sglang      SGLang's req_to_token map and per-layer k_buffer / v_buffer
+    export      any engine's block tables and cache written as a bundle
     check       the invariants of a step's paged metadata
     replay      a captured step through pagetrace's kernel
+    address     one token's element and byte in the engine's cache (`lookup --from`)
 """
