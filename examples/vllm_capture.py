@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("capture.bundle"), help="bundle folder to write (must not exist)")
     parser.add_argument("--model", type=Path, default=None, help="where to write the tiny model (default: beside --out)")
     parser.add_argument("--decode-steps", type=int, default=3)
+    parser.add_argument("--max-batched-tokens", type=int, default=None, help="tokens per step; below the prompts' length vLLM prefills in chunks")
     args = parser.parse_args(argv)
 
     from pagetrace.engines.vllm import capture, hide_broken_extensions
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(
         model=str(model), skip_tokenizer_init=True, enforce_eager=True, block_size=32,  # the CPU backend needs a multiple of 32
         enable_prefix_caching=True, gpu_memory_utilization=0.1, kv_cache_memory_bytes=64 << 20, dtype="bfloat16", seed=0,
+        **({"max_num_batched_tokens": args.max_batched_tokens} if args.max_batched_tokens else {}),
     )
     params = SamplingParams(max_tokens=args.decode_steps + 1, temperature=0.0, ignore_eos=True, detokenize=False)
     with capture(llm, args.out):  # every step, every attention layer

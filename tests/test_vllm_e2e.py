@@ -31,16 +31,19 @@ ROOT = Path(__file__).resolve().parent.parent
 BF16_TOL = 1.6e-2
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("vllm") / "capture.bundle"
+def run_example(out: Path, *extra: str) -> Path:
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "vllm_capture.py"), "--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "vllm_capture.py"), "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    print(f"vLLM capture took {time.perf_counter() - start:.1f} s")
+    print(f"vLLM capture {' '.join(extra)} took {time.perf_counter() - start:.1f} s")
     return out
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return run_example(tmp_path_factory.mktemp("vllm") / "capture.bundle")
 
 
 def load(bundle: Path, step: int) -> tuple[dict, dict]:
@@ -209,3 +212,28 @@ def test_a_changed_slot_is_named(bundle, capsys, tmp_path):
     v = violations[0]
     assert (v["check"], v["request"], v["token"], v["physical_block"], v["slot"]) == ("slot", doc["steps"][0]["requests"][0], 73, physical, t["slot_mapping"][0].item() + 1)
     assert v["byte"] == (physical * 2 * 32 * 64 + 73 % 32) * 2
+
+
+def test_chunked_prefill_and_mixed_steps(tmp_path, capsys):
+    """40 tokens per step: vLLM prefills the 72- and 74-token prompts in chunks, and a later
+    step mixes a decode with the last chunk. Each step is checked and replayed."""
+    chunked = run_example(tmp_path / "chunked.bundle", "--max-batched-tokens", "40")
+    capsys.readouterr()  # the timing line
+    code, out, err = cli(capsys, "check", str(chunked), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"], doc
+    kinds = set()
+    for entry in doc["steps"]:
+        _, t = load(chunked, entry["step"])
+        qlens = (t["query_start_loc"][1:] - t["query_start_loc"][:-1]).tolist()
+        lens = t["seq_lens"].tolist()
+        chunk = any(1 < q < n for q, n in zip(qlens, lens))
+        mixed = 1 in qlens and any(q > 1 for q in qlens)
+        if chunk or mixed:
+            kinds |= {"chunk"} if chunk else set()
+            kinds |= {"mixed"} if mixed else set()
+            code, out, err = cli(capsys, "replay", str(chunked), "--step", str(entry["step"]), "--backend", "interpret", "--json")
+            replayed = json.loads(out)
+            assert code == 0 and replayed["passed"], replayed
+            assert all(r["max_diff_engine"] <= BF16_TOL for r in replayed["requests"])
+    assert kinds == {"chunk", "mixed"}
