@@ -32,7 +32,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import RuntimeFailure
+from ..errors import RuntimeFailure, UsageError
 from .bundle import BundleWriter
 
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
@@ -142,6 +142,8 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
             raise RuntimeFailure("capture needs the engine in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the LLM")
         self.llm, self.path, self.steps, self.layers, self.layout = llm, Path(path), steps, layers, layout
+        if self.path.exists() or self.path.is_symlink():  # refused before the engine runs, not after
+            raise UsageError("bundle", str(path), "already exists; choose a new folder")
         self.records: dict[int, dict] = {}
         self.handles: list = []
         self.meta: dict = {}
@@ -175,6 +177,8 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         if (self.steps is not None and self.step not in self.steps) or (self.layers is not None and index not in self.layers):
             return
         cache = layer_cache(module)
+        if str(cache.dtype) not in DTYPE_NAMES:
+            raise RuntimeFailure(f"{module.layer_name}: a {cache.dtype} KV cache (kv_cache_dtype={module.kv_cache_dtype}); bundles store fp32, fp16 or bf16 caches")
         backend = module.attn_backend.get_name()
         layout = self.layout or detect_layout(backend, cache)
         rec = self.records.get(self.step)
