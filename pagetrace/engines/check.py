@@ -192,7 +192,7 @@ class Checker:
                 for which, view, new in (("key", key, tensors["new_key"]), ("value", value, tensors["new_value"])):
                     diff = float((view[b, o].float() - new[i].float()).abs().max())
                     if not diff == 0.0:
-                        self.add("data", f"the {which} the layer wrote for this token is not at slot {slot} through the '{self.m.layout.name}' layout (max |diff| {diff:.3g})", r, first + k, physical=slot // bs, slot=slot, layer=layer)
+                        self.add("data", f"layer {layer}: the {which} written for this token is not at slot {slot} through the '{self.m.layout.name}' layout (max |diff| {diff:.3g})", r, first + k, physical=slot // bs, slot=slot, layer=layer)
                         break
 
 
