@@ -10,7 +10,7 @@ from ..blocks import capacity, parse_int_list
 from ..diagram import MappingView, SequenceMap
 from ..errors import UsageError
 from ..lookup import TokenTrace, trace_token
-from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
@@ -50,7 +50,8 @@ def lookup(
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
-    from ..cli import emit_json, stdout_console
+    from ..cli import emit_json
+    from ..diagram import check_output_paths
 
     if from_bundle is not None:
         from ..engines.address import bundle_lookup, render_bundle_lookup
@@ -61,9 +62,12 @@ def lookup(
         if json_output:
             emit_json(document)
         else:
+            from ..cli import stdout_console
+
             stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
         return
 
+    check_output_paths(svg, png, dot, json=json_output)
     trace = trace_token(
         token,
         parse_int_list(table, "--table"),
@@ -85,7 +89,7 @@ def lookup(
         return
     from ..render import render_lookup
 
-    console = stdout_console()
+    console = report_console(svg, png, dot)
     console.print(render_lookup(trace))
     if saved is None:
         from ..diagram import terminal_mapping

@@ -30,11 +30,13 @@ def replay(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
     from ..cli import emit_json, stdout_console
+    from ..diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.replay import summarize
     from ..render_replay import mapping_view
     from ..errors import UsageError
 
+    check_output_paths(svg, png, dot, json=json_output)  # before any work
     manifest = read_manifest(bundle)
     st = read_step(bundle, manifest, step)
     if layer is None:
