@@ -103,7 +103,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the full matrix, not the representative configs")
     parser.add_argument("--fixes", action="store_true", help="the configs behind issue 10's fixes")
     parser.add_argument("--arch", default=",".join(ARCH_NAMES), help="comma-separated, of " + ", ".join(ARCH_NAMES))
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, help="worker processes (default: one per core, at most 8)")
+    parser.add_argument("--kernel", default="", help="only the launches whose kernel name contains this (e.g. partition)")
     parser.add_argument("--save", type=Path, help="write the records as JSON here")
     parser.add_argument("--compare", type=Path, help="a --save file of an older kernel: print before/after")
     args = parser.parse_args()
@@ -125,7 +126,7 @@ def main() -> None:
         before = [from_record(r) for r in json.loads(args.compare.read_text())]
         print("\n".join(compare(before, records)))
     else:
-        print("\n".join(table(records)))
+        print("\n".join(table([r for r in records if args.kernel in r.kernel])))
 
 
 if __name__ == "__main__":

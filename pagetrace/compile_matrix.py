@@ -82,9 +82,11 @@ def default_cache() -> Path:
 
 
 def compile_configs(
-    configs: list[Config], archs: tuple[str, ...] = ARCH_NAMES, jobs: int = 2, cache: Path | None = None, timeout_s: float = 3600,
+    configs: list[Config], archs: tuple[str, ...] = ARCH_NAMES, jobs: int | None = None, cache: Path | None = None,
+    timeout_s: float = 3600,
 ) -> tuple[list[Compiled], str]:
-    """Compile every launch of every config for every arch in `jobs` worker processes.
+    """Compile every launch of every config for every arch in `jobs` worker processes
+    (default: one per core, at most 8).
 
     Returns (records, missing): `missing` says why nothing compiled (no ptxas), else "".
     Configs that differ only in context sit side by side, so one worker compiles their
@@ -94,10 +96,10 @@ def compile_configs(
         key=lambda j: (j["arch"], json.dumps({k: v for k, v in j["config"].items() if k != "seq_lens"})),
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated to silence its warning
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    size = -(-len(work) // max(1, jobs))
+    jobs = jobs or max(1, min(8, os.cpu_count() or 1))
+    size = -(-len(work) // jobs)
     cache = default_cache() if cache is None else cache
     procs = []
     for start in range(0, len(work), size):

@@ -87,7 +87,7 @@ class Compiled:
     dot: str = "none"  # wgmma, mma or fma
     instructions: int = 0  # PTX instructions
     fmas: int = 0  # fp32 fma instructions in the PTX
-    key: str = ""  # Triton's cache key for this variant (+ arch): equal keys, one compile
+    key: str = ""  # the hash Triton gives this compiled variant: equal keys, one compile
     programs_per_sm: int = 0  # resident at once, limited by registers, shared memory and threads
     waves: float = 0.0  # grid programs / (SMs x programs_per_sm)
     error: str = ""
@@ -141,7 +141,9 @@ def plan_config(config: Config, arch: Arch):
 
 def prepare(launch, arch: Arch):
     """What `JITFunction.run` would hand to `triton.compile` for this launch on `arch`:
-    (source, target, options, key); the key is Triton's own cache key, plus the arch."""
+    (source, target, options, hash): the hash Triton's compile gives the kernel (its
+    CompiledKernel.hash), from Triton's own cache key, which names the arch."""
+    from triton import knobs
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -151,12 +153,16 @@ def prepare(launch, arch: Arch):
     fn = launch.kernel
     target = GPUTarget("cuda", arch.capability, 32)
     backend = make_backend(target)
+    kwargs = dict(launch.constexprs)  # plus the options JITFunction.run adds (Triton 3.9, runtime/jit.py)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, specialization, options = binder(*launch.args, **launch.constexprs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, dict(launch.constexprs), bound, specialization, options)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
     src = ASTSource(fn, signature, constexprs, attrs)
     key = get_cache_key(src, backend, options, get_cache_invalidating_env_vars())
-    return src, target, options, hashlib.sha256(f"{arch.name}-{key}".encode()).hexdigest()
+    return src, target, options, hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def compile_launch(launch, arch: Arch):
@@ -245,6 +251,7 @@ def occupancy(registers: int, shared: int, num_warps: int, arch: Arch) -> int:
     return max(0, min(by_regs, by_threads, by_shared, arch.blocks_per_sm))
 
 
+STATS_VERSION = 1  # of the figures kept in the cache folder
 STATS = ("num_warps", "registers", "spill_bytes", "shared_bytes", "loads", "dot", "instructions", "fmas")
 
 
@@ -271,7 +278,7 @@ def compile_config(config: Config, arch: Arch, cache: Path | None = None, seen: 
         one = Compiled(config, arch.name, launch.name, tuple(launch.grid), dict(launch.constexprs))
         try:
             key = one.key = prepare(launch, arch)[3]
-            stored = cache / f"{key}.json" if cache else None
+            stored = cache / f"{key}.{STATS_VERSION}.json" if cache else None
             if key not in seen and stored and stored.exists():
                 seen[key] = json.loads(stored.read_text())
             if key not in seen:

@@ -63,3 +63,44 @@ def test_growing_contexts_reuse_one_compiled_variant():
     assert len({r.grid for r in records}) > 4  # the contexts do differ where they should
     for kernel in {r.kernel for r in records}:
         assert len({r.key for r in records if r.kernel == kernel}) == 1, kernel
+
+
+def test_offline_figures_match_the_driver_on_a_gpu():
+    """On a GPU (scripts/gpu_check.sh): a real call compiles the very variants the offline
+    compile named (same Triton hash), and the driver's registers, shared memory and
+    spill-freeness are the ones reported offline."""
+    torch = pytest.importorskip("torch")
+    from conftest import ON_GPU
+
+    if not ON_GPU:
+        pytest.skip("needs a CUDA GPU: compares the offline figures with the driver's")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    if arch not in ARCHS:
+        pytest.skip(f"{arch} is not one of the compiled archs {sorted(ARCHS)}")
+    from pagetrace import paged_attention
+    from pagetrace.attention import load_kernel
+    from pagetrace.gpu_compile import meta_inputs
+
+    config = Config("nhd", "fp16", 16, 128, 32, 8, (4096,) * 4)
+    shapes = [t.shape for t in meta_inputs(config)]
+    q, kc, vc = (torch.randn(s, dtype=torch.float16, device="cuda") for s in shapes[:3])
+    tables = torch.arange(shapes[3].numel(), dtype=torch.int32, device="cuda").view(shapes[3])
+    paged_attention(q, kc, vc, tables, torch.full(shapes[4], 4096, dtype=torch.int32, device="cuda"), backend="triton")
+
+    kernel = load_kernel(interpret=False)
+    loaded = {
+        compiled.hash: compiled
+        for fn in (kernel._paged_attention_partition, kernel._paged_attention_reduce)
+        for compiled in fn.device_caches[torch.cuda.current_device()][0].values()
+    }
+    records, missing = compile_configs([config], archs=(arch,), jobs=1)
+    if missing:
+        pytest.skip(missing)
+    assert len(records) == 2
+    for r in records:
+        assert r.key in loaded, f"the GPU compiled another {r.kernel} variant than the offline compile"
+        real = loaded[r.key]
+        real._init_handles()
+        assert (r.registers, r.shared_bytes) == (real.n_regs, real.metadata.shared), r.kernel
+        assert (r.spill_bytes == 0) == (real.n_spills == 0), r.kernel
