@@ -191,16 +191,19 @@ _LOAD = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld\.global\S*|cp\.async\.c[ag]\.shared
 
 
 def load_lines(fn) -> dict[int, str]:
-    """Source line -> the name a `tl.load` there is assigned to, in the kernel's own file."""
+    """Source line -> the name the value of a `tl.load` there is assigned to, in the kernel's file."""
     source, first = inspect.getsourcelines(fn)
     tree = ast.parse(textwrap.dedent("".join(source)))
     names: dict[int, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(node.value.func, "attr", "") == "load":
-            target = node.targets[0]
-            name = target.id if isinstance(target, ast.Name) else ast.unparse(target)
-            for line in range(node.value.lineno, node.value.end_lineno + 1):
-                names[first - 1 + line] = name
+        if not isinstance(node, ast.Assign):
+            continue
+        target = node.targets[0]
+        name = target.id if isinstance(target, ast.Name) else ast.unparse(target)
+        for call in ast.walk(node.value):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "load":
+                for line in range(call.lineno, call.end_lineno + 1):
+                    names[first - 1 + line] = name
     return names
 
 
