@@ -67,7 +67,7 @@ def emit_json(document: Any) -> None:
 def _register() -> None:
     import importlib
 
-    for name in ("lookup", "run", "diagram"):
+    for name in ("lookup", "run", "diagram", "simulate", "capacity"):
         try:
             module = importlib.import_module(f".commands.{name}", __package__)
         except ModuleNotFoundError as exc:  # a command still being written

@@ -1,0 +1,124 @@
+"""How many blocks, tokens and requests a KV cache budget holds, with block rounding.
+
+Bytes per block follow vLLM's own formula, vllm/v1/kv_cache_interface.py (0.32):
+`AttentionSpec.page_size_bytes = num_kv_heads * num_states * (head_size + head_size_v) *
+dtype_size` per layer, `num_states = block_size` (one state per token), and the pool has
+`available_memory // bytes_per_block` blocks (kv_cache_utils.py, "num_blocks =
+available_memory // bytes_per_block"), bytes_per_block summing the layers. Block 0 is
+the null block (block_pool.py), so one block fewer holds tokens.
+
+A request of L tokens holds ceil(L / block_size) blocks: the closed form
+memory / (bytes per token * L) ignores that rounding and the null block, and overcounts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .blocks import cdiv
+from .errors import UsageError
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "half": 2, "bf16": 2, "bfloat16": 2,
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass(slots=True)
+class ModelDims:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+
+
+@dataclass(slots=True)
+class Capacity:
+    dims: ModelDims
+    block_size: int
+    memory_bytes: int
+    bytes_per_token: int
+    bytes_per_block_per_layer: int
+    bytes_per_block: int
+    num_blocks: int
+    usable_blocks: int
+    tokens: int
+    length: int | None
+    blocks_per_request: int | None
+    requests: int | None
+    requests_closed_form: float | None  # memory / (bytes per token * length): no rounding
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_memory(text: str, option: str = "--memory") -> int:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in UNITS:
+        raise UsageError(option, text, "give bytes with an optional unit: 80GiB, 512MiB, 16GB, 1e9")
+    value = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if value < 1:
+        raise UsageError(option, text, "must be at least 1 byte")
+    return int(value)
+
+
+def dtype_bytes(dtype: str, option: str = "--dtype") -> int:
+    if dtype.lower() not in DTYPE_BYTES:
+        raise UsageError(option, dtype, f"use one of {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_BYTES[dtype.lower()]
+
+
+def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
+    """Layers, KV heads and head size from a Hugging Face config.json."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError("--config", path, exc.strerror or str(exc)) from None
+    except ValueError as exc:
+        raise UsageError("--config", path, f"not JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise UsageError("--config", path, "not a JSON object")
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise UsageError("--config", path, f"missing or bad field {exc}") from None
+    dtype = dtype or str(cfg.get("torch_dtype") or cfg.get("dtype") or "bf16")
+    return ModelDims(layers, kv_heads, head_dim, dtype)
+
+
+def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: int | None = None) -> Capacity:
+    for option, value in (("--layers", dims.num_layers), ("--kv-heads", dims.num_kv_heads),
+                          ("--head-dim", dims.head_dim), ("--block-size", block_size)):
+        if value < 1:
+            raise UsageError(option, value, "must be at least 1")
+    if length is not None and length < 1:
+        raise UsageError("--length", length, "must be at least 1")
+    size = dtype_bytes(dims.dtype)
+    per_token_layer = dims.num_kv_heads * 2 * dims.head_dim * size  # K and V: head_size + head_size_v
+    per_block_layer = per_token_layer * block_size
+    per_block = per_block_layer * dims.num_layers
+    num_blocks = memory_bytes // per_block
+    usable = max(num_blocks - 1, 0)
+    per_request = None if length is None else cdiv(length, block_size)
+    return Capacity(
+        dims=dims,
+        block_size=block_size,
+        memory_bytes=memory_bytes,
+        bytes_per_token=per_token_layer * dims.num_layers,
+        bytes_per_block_per_layer=per_block_layer,
+        bytes_per_block=per_block,
+        num_blocks=num_blocks,
+        usable_blocks=usable,
+        tokens=usable * block_size,
+        length=length,
+        blocks_per_request=per_request,
+        requests=None if per_request is None else usable // per_request,
+        requests_closed_form=None if length is None else memory_bytes / (per_token_layer * dims.num_layers * length),
+    )

@@ -1,0 +1,209 @@
+"""`pagetrace simulate`: vLLM V1's block manager over a workload, and what it saves over Orca."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+HELP = "Simulate vLLM V1's KV block manager step by step (allocation, prefix hits, eviction, preemption) and compare its memory use with Orca's contiguous reservation."
+EPILOG = (
+    "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
+    "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
+)
+MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
+
+
+def parse_range(text: str, option: str) -> tuple[int, int]:
+    """`64:512` (uniform, inclusive) or `128` (fixed)."""
+    from ..errors import UsageError
+
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (None, None)
+    except ValueError:
+        lo = hi = None
+    if lo is None or hi is None:
+        raise UsageError(option, text, "give a length like 128 or a range like 64:512")
+    if lo < 1 or hi < lo:
+        raise UsageError(option, text, "lengths must be at least 1 and the range low:high with low <= high")
+    return lo, hi
+
+
+def simulate(
+    requests: Annotated[int | None, typer.Option(help="Synthetic workload: number of requests (default 200).")] = None,
+    trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace, one request per line: prompt or prompt_len, output_len, arrival, n, cache_salt.")] = None,
+    num_blocks: Annotated[int, typer.Option(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
+    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
+    output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
+    shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
+    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks).")] = 1,
+    arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
+    seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
+    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
+    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Automatic prefix caching.")] = True,
+    chunked_prefill: Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Split prompts longer than the token budget.")] = True,
+    at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
+    timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline (steps with events, thinned evenly); 0 hides it.")] = 30,
+    svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
+    png: Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the pool occupancy over time as PNG.")] = None,
+    chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the waste chart (stacked bars like Figure 2 of the vLLM paper) as SVG.")] = None,
+    tables_svg: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (SVG).")] = None,
+    tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
+) -> None:
+    from ..cli import emit_json, stderr_console, stdout_console
+    from ..diagram import check_output_paths
+    from ..errors import UsageError
+    from ..sim.run import simulate as run_simulation
+    from ..sim.scheduler import SchedulerConfig
+    from ..sim.summary import summarize
+    from ..sim.workload import SyntheticSpec, parse_trace, synthetic
+
+    # -- check every option before any work --
+    if trace is not None and requests is not None:
+        raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
+    for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
+                               ("--max-num-batched-tokens", max_num_batched_tokens, 1), ("--max-num-seqs", max_num_seqs, 1),
+                               ("--max-model-len", max_model_len or 1, 1), ("--timeline-rows", timeline_rows, 0), ("--shared-prefix", shared_prefix, 0)):
+        if value < low:
+            raise UsageError(option, value, f"must be at least {low}")
+    if num_blocks > MAX_BLOCKS:
+        raise UsageError("--num-blocks", num_blocks, f"more blocks than the simulator holds in memory (at most {MAX_BLOCKS:,})")
+    if requests is not None and requests < 1:
+        raise UsageError("--requests", requests, "must be at least 1")
+    if not arrival_rate >= 0 or arrival_rate == float("inf"):
+        raise UsageError("--arrival-rate", arrival_rate, "must be a finite number >= 0")
+    if at is not None and at < 0:
+        raise UsageError("--at", at, "must be a step >= 0")
+    if (tables_svg or tables_png) and at is None:
+        raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
+    check_output_paths(svg, png, None)
+    check_output_paths(chart, None, None) if chart is None else _check_chart(chart, check_output_paths)
+    check_output_paths(tables_svg, tables_png, None)
+
+    if trace is not None:
+        try:
+            with open(trace, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
+        workload = parse_trace(text, block_size)
+    else:
+        spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
+                             shared_prefix, n, arrival_rate, seed)
+        workload = synthetic(spec)
+    pool_tokens = (num_blocks - 1) * block_size
+    longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
+    if longest > pool_tokens:
+        raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {num_blocks - 1} usable blocks of {block_size} hold {pool_tokens}")
+    if max_model_len is None:
+        max_model_len = min(max(2048, longest), pool_tokens)
+    elif max_model_len > pool_tokens:
+        raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
+    elif longest > max_model_len:
+        raise UsageError("--max-model-len", max_model_len, f"a request stores {longest} tokens; raise it to at least that")
+
+    config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
+    progress = _progress(len(workload), quiet=json_output)
+    try:
+        with progress or _nothing():
+            task = progress.add_task("simulating", total=len(workload)) if progress else None
+            on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
+            result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
+                                    record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step)
+    except ValueError as exc:
+        raise UsageError("--num-blocks", num_blocks, str(exc)) from None
+    if at is not None and at not in result.tables_at:
+        raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
+    summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
+    written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
+    if json_output:
+        doc = {
+            "config": {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+                       "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
+                       "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"},
+            "summary": summary.to_json(),
+            "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
+                          "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
+                          "finished": r.finished_step, "preemptions": r.num_preemptions} for r in result.requests],
+            "steps": [_step_json(s) for s in result.steps],
+            "tables_at": {str(s): t for s, t in result.tables_at.items()},
+            "written": written,
+        }
+        emit_json(doc)
+        return
+    from ..render_sim import render_simulation
+
+    err = stderr_console()
+    for path in written:
+        err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    stdout_console().print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+
+
+def _check_chart(chart: str, check) -> None:
+    from ..errors import UsageError
+
+    try:
+        check(chart, None, None)
+    except UsageError as exc:
+        raise UsageError("--chart", chart, exc.reason) from None
+
+
+def _nothing():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
+def _progress(total: int, quiet: bool):
+    """A progress bar on stderr for long runs in a terminal."""
+    from ..cli import stderr_console
+
+    console = stderr_console()
+    if quiet or total < 2000 or not console.is_terminal:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _step_json(s) -> dict:
+    return {"step": s.step, "scheduled": s.scheduled, "tokens": s.tokens, "allocated": s.allocated, "hit_tokens": s.hit_tokens,
+            "evicted": s.evicted, "admitted": s.admitted, "preempted": s.preempted, "finished": s.finished,
+            "free_blocks": s.free_blocks, "used_blocks": s.used_blocks, "waiting": s.waiting, "running": s.running}
+
+
+def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks) -> list[str]:
+    from ..diagram import write_files
+    from ..sim import pictures
+
+    outputs: list[tuple[str, bytes]] = []
+    if svg or png:
+        steps = len(result.occupancy)
+        title = f"pool occupancy: {num_blocks} blocks x {steps} steps" + (" (first steps only)" if result.occupancy_cut else "")
+        if svg:
+            outputs.append((svg, pictures.occupancy_svg(result.occupancy, result.shared, title).encode()))
+        if png:
+            outputs.append((png, pictures.occupancy_png(result.occupancy, result.shared)))
+    if chart:
+        title = f"KV memory use, {summary.requests} requests ({num_blocks} blocks of {block_size})"
+        outputs.append((chart, pictures.waste_svg(summary.waste, title).encode()))
+    written = write_files(outputs) if outputs else []
+    if tables_svg or tables_png:
+        from ..diagram import MappingView, SequenceMap, write_diagrams
+
+        tables = result.tables_at[at]
+        by_id = {r.request_id: r for r in result.requests}
+        seqs = [SequenceMap(rid, min(by_id[rid].num_computed, len(b) * block_size), b) for rid, b in tables.items() if b]
+        if not seqs:
+            from ..errors import UsageError
+
+            raise UsageError("--at", at, "no request holds blocks after that step; pick another")
+        view = MappingView(block_size=block_size, num_blocks=num_blocks, sequences=seqs)
+        written += write_diagrams(view, svg=tables_svg, png=tables_png)
+    return written

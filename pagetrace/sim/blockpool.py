@@ -1,0 +1,170 @@
+"""The block pool of vLLM V1: a free-block queue in eviction order, reference counts, hashes.
+
+A line-by-line model of `vllm/v1/core/block_pool.py` (`BlockPool`) and
+`vllm/v1/core/kv_cache_utils.py` (`FreeKVCacheBlockQueue`), vLLM 0.32.0. Blocks are
+plain ints; per-block state lives in flat lists so a 1M-block pool costs a few lists,
+not a million objects. The queue is the same doubly linked list vLLM keeps, with a
+fake head and tail (here the ids `num_blocks` and `num_blocks + 1`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class FreeBlockQueue:
+    """Free blocks in eviction order: the head is reused (and evicted) first.
+
+    Starts in block-id order (kv_cache_utils.py `FreeKVCacheBlockQueue.__init__`).
+    `remove` takes a block out of the middle in O(1): a prefix-cache hit on a free block.
+    """
+
+    __slots__ = ("prev", "next", "head", "tail", "num_free")
+
+    def __init__(self, num_blocks: int) -> None:
+        self.head, self.tail = num_blocks, num_blocks + 1
+        # prev[b] / next[b]: neighbours of b while it is in the queue, -1 when it is not.
+        self.prev = [i - 1 for i in range(num_blocks)] + [-1, num_blocks - 1]
+        self.next = [i + 1 for i in range(num_blocks)] + [0, -1]
+        if num_blocks:
+            self.prev[0] = self.head
+            self.next[num_blocks - 1] = self.tail
+        else:
+            self.next[self.head], self.prev[self.tail] = self.tail, self.head
+        self.num_free = num_blocks
+
+    def __contains__(self, block: int) -> bool:
+        return self.prev[block] != -1
+
+    def popleft_n(self, n: int) -> list[int]:
+        """The first n free blocks (kv_cache_utils.py `popleft_n`)."""
+        nxt, prev = self.next, self.prev
+        out = []
+        block = nxt[self.head]
+        for _ in range(n):
+            out.append(block)
+            following = nxt[block]
+            nxt[block] = prev[block] = -1
+            block = following
+        nxt[self.head] = block
+        prev[block] = self.head
+        self.num_free -= n
+        return out
+
+    def remove(self, block: int) -> None:
+        """Take a free block out of the queue: it was hit by a new request (`remove`)."""
+        p, n = self.prev[block], self.next[block]
+        self.next[p], self.prev[n] = n, p
+        self.prev[block] = self.next[block] = -1
+        self.num_free -= 1
+
+    def prepend_n(self, blocks: list[int]) -> None:
+        """Put blocks at the front, in the given order (`prepend_n`)."""
+        self._link(self.head, self.next[self.head], blocks)
+
+    def append_n(self, blocks: list[int]) -> None:
+        """Put blocks at the back, in the given order (`append_n`)."""
+        self._link(self.prev[self.tail], self.tail, blocks)
+
+    def _link(self, before: int, after: int, blocks: list[int]) -> None:
+        nxt, prev = self.next, self.prev
+        for b in blocks:
+            prev[b], nxt[before] = before, b
+            before = b
+        nxt[before], prev[after] = after, before
+        self.num_free += len(blocks)
+
+    def order(self) -> list[int]:
+        """The free blocks head to tail (for tests and pictures)."""
+        out, b = [], self.next[self.head]
+        while b != self.tail:
+            out.append(b)
+            b = self.next[b]
+        return out
+
+
+class BlockPool:
+    """`num_blocks` blocks; block 0 is the null block and never handed out.
+
+    `cached` maps a block hash to the blocks holding it, in insertion order: vLLM's
+    `BlockHashToBlockMap` returns the first one (`get_one_block`). A cached block stays
+    cached while free, until allocation pops it from the head of the queue.
+    """
+
+    __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching", "uncached_first")
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, uncached_first: bool = True) -> None:
+        """`uncached_first=False` frees every block to the back of the queue, as the design
+        doc's walkthrough (docs/design/prefix_caching.md) and earlier releases did."""
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.uncached_first = uncached_first
+        self.queue = FreeBlockQueue(num_blocks)
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, dict[int, None]] = {}
+        self.evictions = 0  # cached blocks whose hash was dropped on reuse
+        # block_pool.py __init__: "self.null_block = self.free_block_queue.popleft()"
+        self.queue.popleft_n(1)
+
+    @property
+    def num_free(self) -> int:
+        return self.queue.num_free
+
+    def get_cached_block(self, block_hash: int) -> int | None:
+        blocks = self.cached.get(block_hash)
+        return next(iter(blocks)) if blocks else None
+
+    def get_new_blocks(self, n: int) -> list[int]:
+        """Pop n blocks from the head; a popped block that was cached loses its hash
+        (block_pool.py `get_new_blocks` -> `_maybe_evict_cached_block`)."""
+        if n > self.queue.num_free:
+            raise ValueError(f"cannot get {n} free blocks from the pool")
+        blocks = self.queue.popleft_n(n)
+        ref, hashes = self.ref_cnt, self.block_hash
+        for b in blocks:
+            if hashes[b] is not None:
+                self._uncache(b)
+                self.evictions += 1
+            ref[b] += 1
+        return blocks
+
+    def _uncache(self, block: int) -> None:
+        key = self.block_hash[block]
+        holders = self.cached[key]
+        del holders[block]
+        if not holders:
+            del self.cached[key]
+        self.block_hash[block] = None
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """A prefix hit: a free block leaves the queue, and every hit block gains a reference."""
+        ref, queue = self.ref_cnt, self.queue
+        for b in blocks:
+            if ref[b] == 0:
+                queue.remove(b)
+            ref[b] += 1
+
+    def cache_block(self, block: int, block_hash: int) -> None:
+        """Register a full block under its hash (`cache_full_blocks` -> `_insert_block_hash`)."""
+        if self.block_hash[block] is not None:
+            return
+        self.block_hash[block] = block_hash
+        self.cached.setdefault(block_hash, {})[block] = None
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        """Drop one reference from each block, given in eviction order (the request's tail first).
+
+        block_pool.py `free_blocks`: a block reaching 0 references that has no hash goes to
+        the FRONT of the queue (LIFO reuse, "for better GPU locality"); a cached one goes to
+        the BACK (FIFO, so the cache evicts least recently used first).
+        """
+        first, last = [], []
+        ref, hashes = self.ref_cnt, self.block_hash
+        caching, split = self.enable_caching, self.uncached_first
+        for b in ordered_blocks:
+            ref[b] -= 1
+            if ref[b] == 0 and b != 0:
+                (first if split and (hashes[b] is None or not caching) else last).append(b)
+        self.queue.prepend_n(first)
+        self.queue.append_n(last)

@@ -1,0 +1,41 @@
+"""Why a prompt token was or was not a prefix-cache hit, counted when a request is first admitted.
+
+The answer to "why is my hit rate 0": each prompt token is exactly one of
+- hit: in a cached full block of the longest cached prefix;
+- partial block: in the prompt's last, partly filled block, or the last token of a prompt
+  that ends on a block boundary (vLLM looks up at most `num_tokens - 1` tokens, and only
+  whole blocks: kv_cache_manager.py `get_computed_blocks`). A shared prefix shorter than one
+  block is all "partial block";
+- evicted: its block (same tokens, same prefix, same extra keys) was cached before, and its
+  hash has since been dropped because the block was reused (or an earlier block of the chain was);
+- different extra key: the same tokens after the same prefix were cached, under another
+  cache salt (an extra key of the block hash);
+- first seen: no request computed this block before.
+"""
+
+from __future__ import annotations
+
+from .request import SimRequest
+
+CAUSES = ("hit", "partial block", "evicted", "different extra key", "first seen")
+
+
+def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[int], ever_cached_content: set[int]) -> dict[str, int]:
+    out = dict.fromkeys(CAUSES, 0)
+    prompt = len(req.prompt)
+    lookup_blocks = (prompt - 1) // block_size
+    out["hit"] = num_hit
+    out["partial block"] = prompt - lookup_blocks * block_size
+    req.update_hashes(block_size)
+    for i in range(num_hit // block_size, lookup_blocks):
+        h = req.block_hashes[i]
+        if h in ever_cached:
+            cause = "evicted"
+        elif req.cache_salt is not None and (req.content_hash(i) in ever_cached_content or req.content_hash(i) in ever_cached):
+            cause = "different extra key"
+        elif req.cache_salt is None and h in ever_cached_content:
+            cause = "different extra key"
+        else:
+            cause = "first seen"
+        out[cause] += block_size
+    return out

@@ -1,0 +1,154 @@
+"""The KV cache policy the scheduler calls: vLLM V1's prefix-caching block manager.
+
+What the scheduler needs from a policy, in four calls (an SGLang-style radix cache
+would be a second class with the same four):
+- `lookup(req)`: the cached blocks and tokens of the longest prefix hit;
+- `allocate_slots(req, num_new_tokens, hit_blocks, num_hit_tokens, full_sequence_must_fit)`:
+  blocks for the request's next tokens, or None when the pool cannot give them;
+- `free(req)`: release the request's blocks;
+- `block_ids(request_id)`: the request's block table.
+
+`VllmPrefixCaching` is `KVCacheManager` (vllm/v1/core/kv_cache_manager.py) and
+`FullAttentionManager` (single_type_kv_cache_manager.py) for one full-attention group,
+without speculative decoding, KV connectors or sliding windows; the hash block size
+equals the block size, so there are no partial-block hits (`fine_grained` is False).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..blocks import cdiv
+from .blockpool import BlockPool
+from .request import SimRequest
+
+
+class KVCachePolicy(Protocol):
+    block_size: int
+    pool: BlockPool
+
+    def lookup(self, req: SimRequest) -> tuple[list[int], int]: ...
+
+    def allocate_slots(
+        self,
+        req: SimRequest,
+        num_new_tokens: int,
+        hit_blocks: list[int] | None = None,
+        num_hit_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> list[int] | None: ...
+
+    def free(self, req: SimRequest) -> None: ...
+
+    def block_ids(self, request_id: str) -> list[int]: ...
+
+
+class VllmPrefixCaching:
+    """vLLM V1's block manager: allocate on demand, cache full blocks by hash, free tail first."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        max_model_len: int = 1 << 30,
+        uncached_first: bool = True,
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, enable_caching, uncached_first)
+        self.req_to_blocks: dict[str, list[int]] = {}
+        self.num_cached_block: dict[str, int] = {}  # present while the request holds blocks
+        self.ever_cached: set[int] = set()  # every hash ever cached: tells "evicted" from "never seen"
+        self.ever_cached_content: set[int] = set()  # the same without extra keys: "different extra key"
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return self.req_to_blocks.get(request_id, [])
+
+    def lookup(self, req: SimRequest) -> tuple[list[int], int]:
+        """The longest run of cached full blocks from the start (`get_computed_blocks`).
+
+        At most `num_tokens - 1` tokens can hit: the last one is recomputed for its logits,
+        and since hits are whole blocks a prompt of exactly k blocks hits at most k - 1.
+        """
+        if not self.enable_caching:
+            return [], 0
+        bs = self.block_size
+        req.update_hashes(bs)
+        hits: list[int] = []
+        get = self.pool.get_cached_block
+        for h in req.block_hashes[: (req.num_tokens - 1) // bs]:
+            block = get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * bs
+
+    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int, hit_blocks: list[int]) -> int:
+        """single_type_kv_cache_manager.py `get_num_blocks_to_allocate` (full attention)."""
+        required = cdiv(num_tokens, self.block_size)
+        held = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:  # running: no new hits
+            return max(required - held, 0)
+        new = max(required - (len(hit_blocks) + held), 0)
+        # A hit on a free block takes it out of the free queue: it counts against the free blocks.
+        ref = self.pool.ref_cnt
+        return new + sum(1 for b in hit_blocks if ref[b] == 0)
+
+    def allocate_slots(
+        self,
+        req: SimRequest,
+        num_new_tokens: int,
+        hit_blocks: list[int] | None = None,
+        num_hit_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> list[int] | None:
+        """kv_cache_manager.py `allocate_slots` with no lookahead, connector or watermark."""
+        hit_blocks = hit_blocks or []
+        rid = req.request_id
+        total_computed = min(req.num_computed + num_hit_tokens, self.max_model_len)
+        free = self.pool.num_free
+        if full_sequence_must_fit:  # `scheduler_reserve_full_isl`: the whole prompt must fit
+            full = min(req.num_tokens, self.max_model_len)
+            if self._num_blocks_to_allocate(rid, full, hit_blocks) > free:
+                return None
+        need_slots = min(total_computed + num_new_tokens, self.max_model_len)
+        if self._num_blocks_to_allocate(rid, need_slots, hit_blocks) > free:
+            return None
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None:  # first allocation since admission: adopt the hits (`add_local_computed_blocks`)
+            if self.enable_caching:
+                self.pool.touch(hit_blocks)
+            blocks = self.req_to_blocks[rid] = list(hit_blocks)
+            self.num_cached_block[rid] = len(hit_blocks)
+        new = cdiv(need_slots, self.block_size) - len(blocks)
+        new_blocks = self.pool.get_new_blocks(new) if new > 0 else []
+        blocks.extend(new_blocks)
+        if self.enable_caching:
+            # Cache what is computed after this step, never past the known tokens.
+            self._cache_blocks(req, blocks, min(total_computed + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def _cache_blocks(self, req: SimRequest, blocks: list[int], num_tokens: int) -> None:
+        """`cache_blocks` -> block_pool.py `cache_full_blocks`: register newly full blocks."""
+        rid = req.request_id
+        done = self.num_cached_block[rid]
+        full = num_tokens // self.block_size
+        if done >= full:
+            return
+        req.update_hashes(self.block_size)
+        pool = self.pool
+        for i in range(done, full):
+            h = req.block_hashes[i]
+            pool.cache_block(blocks[i], h)
+            self.ever_cached.add(h)
+            if req.cache_salt is not None:
+                self.ever_cached_content.add(req.content_hashes[i])
+        self.num_cached_block[rid] = full
+
+    def free(self, req: SimRequest) -> None:
+        """Free tail first, so a request's last blocks are evicted first (`free`)."""
+        blocks = self.req_to_blocks.pop(req.request_id, [])
+        self.num_cached_block.pop(req.request_id, None)
+        self.pool.free_blocks(reversed(blocks))

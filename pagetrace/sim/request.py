@@ -1,0 +1,81 @@
+"""One request as the simulator sees it: its tokens, how many are computed, its block hashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
+
+
+def hash_block(parent: int | None, tokens: tuple[int, ...], extra_keys: tuple | None) -> int:
+    """The prefix-caching key of one full block: its parent's key, its token ids, its extra keys.
+
+    vllm/v1/core/kv_cache_utils.py `hash_block_tokens`: `hash_function((parent_block_hash,
+    curr_block_token_ids_tuple, extra_keys))`, the first block's parent being NONE_HASH.
+    vLLM hashes with sha256/xxhash; only equality matters here, so Python's hash serves.
+    """
+    return hash((parent, tokens, extra_keys))
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """A request: prompt token ids, the output token ids it will generate, an optional cache salt."""
+
+    request_id: str
+    prompt: list[int]
+    output: list[int]  # all output tokens; `num_generated` of them exist so far
+    arrival: int = 0
+    cache_salt: str | None = None
+    status: str = WAITING
+    num_computed: int = 0  # tokens whose K/V are in the cache (`num_computed_tokens`)
+    num_generated: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int | None = None  # prefix hit at first admission, as RequestOutput reports it
+    first_scheduled: int | None = None
+    finished_step: int | None = None
+    block_hashes: list[int] = field(default_factory=list)
+    content_hashes: list[int] = field(default_factory=list)  # the same chain without extra keys
+    prompt_len: int = field(init=False)
+    seq: int = 0  # admission order: the running list is sorted by it
+    synced: int = 0  # step at whose start num_computed/num_generated hold (cruising requests run ahead)
+    event_step: int = -1  # next step a cruising request allocates, caches or finishes
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_generated
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.output)
+
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
+        p = self.prompt_len
+        if stop <= p:
+            return tuple(self.prompt[start:stop])
+        if start >= p:
+            return tuple(self.output[start - p : stop - p])
+        return tuple(self.prompt[start:]) + tuple(self.output[: stop - p])
+
+    def update_hashes(self, block_size: int) -> None:
+        """Hash every full block of the tokens known so far (the request's block hasher,
+        kv_cache_utils.py `get_request_block_hasher`: full blocks only, chained).
+
+        The cache salt is an extra key of the first block only (`generate_block_hash_extra_keys`:
+        `start_token_idx == 0 and request.cache_salt`), so it reaches every later block
+        through the parent hash.
+        """
+        hashes, content = self.block_hashes, self.content_hashes
+        salted = self.cache_salt is not None
+        while (len(hashes) + 1) * block_size <= self.num_tokens:
+            i = len(hashes)
+            tokens = self.token_slice(i * block_size, (i + 1) * block_size)
+            extra = (("cache_salt", self.cache_salt),) if salted and i == 0 else None
+            hashes.append(hash_block(hashes[-1] if i else None, tokens, extra))
+            if salted:
+                content.append(hash_block(content[-1] if i else None, tokens, None))
+
+    def content_hash(self, i: int) -> int:
+        return self.content_hashes[i] if self.cache_salt is not None else self.block_hashes[i]
