@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pagetrace.compile_matrix import ARCH_NAMES, compile_configs, from_record, full_matrix, representative  # noqa: E402
 from pagetrace.gpu_compile import Compiled, Config  # noqa: E402
 
+TILES = ("q", "k", "v")  # the loads shown per launch; the rest are a few scalars per program
 PRODUCTION = dict(block_size=16, head_dim=128, num_heads=32, num_kv_heads=8)
 GROWING_CONTEXTS = [(n,) * b for b in (1, 16) for n in (1000, 1024, 3000, 4096, 16384, 131072)]
 
@@ -52,12 +53,14 @@ def table(records: list[Compiled]) -> list[str]:
     ]
     for r in records:
         kernel = r.kernel.removeprefix("_paged_attention_")
+        grid = "x".join(map(str, r.grid))
         if r.error:
-            rows.append(f"| {r.arch} | {r.config.label} | {kernel} | {r.grid} | **{r.error}** | | | | | | |")
+            rows.append(f"| {r.arch} | {r.config.label} | {kernel} | {grid} | **{r.error}** | | | | | | |")
             continue
-        shown = ", ".join(f"{k}: {v}" for k, v in r.loads.items())
+        tiles = {k: v for k, v in r.loads.items() if k in TILES} or r.loads  # the per-tile tensors, when the kernel has them
+        shown = ", ".join(f"{k}: {v}" for k, v in tiles.items())
         rows.append(
-            f"| {r.arch} | {r.config.label} | {kernel} | {'x'.join(map(str, r.grid))} | {r.registers} | {r.spill_bytes} B | "
+            f"| {r.arch} | {r.config.label} | {kernel} | {grid} | {r.registers} | {r.spill_bytes} B | "
             f"{r.shared_bytes / 1024:.1f} KiB | {shown} | {r.dot} | {r.programs_per_sm} | {r.waves:.2f} |"
         )
     return rows
