@@ -10,6 +10,9 @@ blocks drawn at random from all of it: the work follows the used blocks, not the
 A fourth, "scattered 2**20", is `pagetrace diagram --tokens 8388608 --num-blocks 1048576`
 without the CLI's plan: one sequence of 524,288 blocks drawn at random from 1,048,576, so
 nearly every block is a run of its own; only the cells drawn become Python objects.
+A fifth, "10,000 sequences", is a serving batch: 10,000 sequences of 1 to 64 blocks
+scattered over a 2**20-block pool, every tenth sharing an 8-block prompt, one token
+traced; 8 sequences are drawn and the other 9,992 summed up in one cell.
 
     python bench/bench_diagram.py [--repeats 3]
 
@@ -61,6 +64,18 @@ def scattered_case(seed: int = 0) -> MappingView:
     return MappingView(BLOCK_SIZE, 1 << 20, [SequenceMap("seq 0", BLOCK_SIZE << 19, table)], highlight=(0, 5_000_000))
 
 
+def many_sequences_case(count: int = 10_000, seed: int = 0) -> MappingView:
+    """`count` sequences of 1..64 blocks drawn at random from 2**20; every tenth shares a prompt."""
+    rng = random.Random(seed)
+    prompt = list(range(8))
+    free = iter(rng.sample(range(8, 1 << 20), count * 64))
+    sequences = []
+    for s in range(count):
+        table = (prompt if s % 10 == 0 else []) + [next(free) for _ in range(rng.randint(1, 64))]
+        sequences.append(SequenceMap(f"seq {s}", BLOCK_SIZE * len(table) - rng.randrange(BLOCK_SIZE), table))
+    return MappingView(BLOCK_SIZE, 1 << 20, sequences, highlight=(123, 5))
+
+
 def print_terminal(view: MappingView) -> None:
     from rich.console import Console
 
@@ -85,8 +100,8 @@ def main() -> None:
     if engine is None:
         raise SystemExit("no Graphviz engine: pip install graphviz-pure")
     print(f"engine: {engine[0]} ({engine[1]}); median of {args.repeats}")
-    print(f"{'allocation':<15} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'term s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
-    for name, view in (("contiguous", big_case(False)), ("fragmented", big_case(True)), ("sparse 2**22", huge_case()), ("scattered 2**20", scattered_case())):
+    print(f"{'allocation':<17} {'cells':>7} {'edges':>6} {'layout s':>9} {'DOT s':>7} {'term s':>7} {'SVG s':>7} {'PNG s':>7} {'total SVG s':>12}")
+    for name, view in (("contiguous", big_case(False)), ("fragmented", big_case(True)), ("sparse 2**22", huge_case()), ("scattered 2**20", scattered_case()), ("10,000 sequences", many_sequences_case())):
         cells = layout_cells(view)
         source = dot_source(view)
         t_layout = median_seconds(lambda: layout_cells(view), args.repeats)
@@ -97,7 +112,7 @@ def main() -> None:
         t_total = median_seconds(lambda: render(dot_source(view), "svg", engine), args.repeats)
         n_cells = cells.logical_cells + len(cells.pool)
         print(
-            f"{name:<15} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_term:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}"
+            f"{name:<17} {n_cells:>7} {len(cells.edges):>6} {t_layout:>9.3f} {t_dot:>7.3f} {t_term:>7.3f} {t_svg:>7.3f} {t_png:>7.3f} {t_total:>12.3f}"
         )
 
 

@@ -15,22 +15,32 @@ from ..diagram import MappingView, SequenceMap
 HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
 EPILOG = "Example: pagetrace diagram --tokens 38 --table 7,2,15 --token 20 --svg mapping.svg --png mapping.png"
 
-SvgOption = Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the block-mapping diagram as SVG.")]
-PngOption = Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the block-mapping diagram as PNG.")]
-DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Write the diagram's Graphviz DOT source.")]
+SvgOption = Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the block-mapping diagram as SVG (- for stdout).")]
+PngOption = Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the block-mapping diagram as PNG (- for stdout).")]
+DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Write the diagram's Graphviz DOT source (- for stdout).")]
+
+
+def report_console(svg: str | None, png: str | None, dot: str | None):
+    """Where a command prints its report: stdout, or stderr when a file option is `-`
+    (stdout then carries that file and nothing else)."""
+    from ..cli import stderr_console, stdout_console
+    from ..files import STDOUT
+
+    return stderr_console() if STDOUT in (svg, png, dot) else stdout_console()
 
 
 def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str | None, quiet: bool = False) -> dict | None:
     """Write the requested files; None when none was requested.
 
     Returns {"written": [paths], "engine": {"name", "path"} or None (DOT only)}, and says
-    on stderr what it wrote unless `quiet`. Paths that cannot be written are a UsageError
-    (`check_output_paths`; `run` calls it before its kernel run as well).
+    on stderr what it wrote unless `quiet` (nothing for `-`, stdout). Paths that cannot be
+    written are a UsageError (`check_output_paths`, which every command calls first).
     """
     if svg is None and png is None and dot is None:
         return None
     from ..cli import stderr_console
     from ..diagram import check_output_paths, find_engine, write_diagrams
+    from ..files import STDOUT
 
     check_output_paths(svg, png, dot)
     engine = find_engine() if (svg is not None or png is not None) else None
@@ -38,6 +48,8 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     if not quiet:
         by = f" (rendered by {engine[0]})" if engine else ""
         for path in written:
+            if path == STDOUT:
+                continue
             stderr_console().print(f"wrote {path}{by if path != dot else ''}", markup=False, emoji=False, soft_wrap=True)
     return {"written": written, "engine": None if engine is None else {"name": engine[0], "path": engine[1]}}
 
@@ -64,7 +76,7 @@ def diagram(
     from ..errors import UsageError
     from ..plan import plan_tables
 
-    check_output_paths(svg, png, dot)
+    check_output_paths(svg, png, dot, json=json_output)
     seq_lens = parse_int_list(tokens, "--tokens")
     tables = None if not table else [parse_int_list(t, "--table") for t in table]
     if token is None and seq != 0:

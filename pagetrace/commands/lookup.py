@@ -9,7 +9,7 @@ import typer
 from ..blocks import capacity, parse_int_list
 from ..diagram import MappingView, SequenceMap
 from ..lookup import TokenTrace, trace_token
-from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
@@ -46,8 +46,10 @@ def lookup(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
-    from ..cli import emit_json, stdout_console
+    from ..cli import emit_json
+    from ..diagram import check_output_paths
 
+    check_output_paths(svg, png, dot, json=json_output)
     trace = trace_token(
         token,
         parse_int_list(table, "--table"),
@@ -69,7 +71,7 @@ def lookup(
         return
     from ..render import render_lookup
 
-    console = stdout_console()
+    console = report_console(svg, png, dot)
     console.print(render_lookup(trace))
     if saved is None:
         from ..diagram import terminal_mapping

@@ -18,7 +18,7 @@ import typer
 from ..blocks import MAX_HEADS, check_size, parse_int_list
 from ..errors import RuntimeFailure, UsageError
 from ..plan import Plan
-from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -215,11 +215,11 @@ def run(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
 ) -> None:
-    from ..cli import emit_json, stderr_console, stdout_console
+    from ..cli import emit_json, stderr_console
     from ..diagram import MappingView, SequenceMap, check_output_paths
 
+    check_output_paths(svg, png, dot, json=json_output)  # before any work
     setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output)
-    check_output_paths(svg, png, dot)
     err = stderr_console()
     for warning in setup.plan.warnings:
         err.print(f"warning: {warning}", style="bold red", markup=False, emoji=False, soft_wrap=True)
@@ -242,7 +242,7 @@ def run(
             document["diagrams"] = saved["written"] if saved else []
         emit_json(document)
     else:
-        console = stdout_console()
+        console = report_console(svg, png, dot)
         console.print(render(result))
         if saved is None and diagram_failure is None:
             from ..diagram import terminal_mapping

@@ -56,8 +56,8 @@ def simulate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..diagram import check_output_paths
     from ..errors import UsageError
+    from ..files import check_outputs
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
@@ -81,9 +81,8 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    check_output_paths(svg, png, None)
-    check_output_paths(chart, None, None) if chart is None else _check_chart(chart, check_output_paths)
-    check_output_paths(tables_svg, tables_png, None)
+    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png}
+    check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
     if trace is not None:
         try:
@@ -144,15 +143,6 @@ def simulate(
     stdout_console().print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
 
 
-def _check_chart(chart: str, check) -> None:
-    from ..errors import UsageError
-
-    try:
-        check(chart, None, None)
-    except UsageError as exc:
-        raise UsageError("--chart", chart, exc.reason) from None
-
-
 def _nothing():
     from contextlib import nullcontext
 
@@ -179,7 +169,7 @@ def _step_json(s) -> dict:
 
 
 def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks) -> list[str]:
-    from ..diagram import write_files
+    from ..files import write_outputs
     from ..sim import pictures
 
     outputs: list[tuple[str, bytes]] = []
@@ -193,7 +183,7 @@ def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png
     if chart:
         title = f"KV memory use, {summary.requests} requests ({num_blocks} blocks of {block_size})"
         outputs.append((chart, pictures.waste_svg(summary.waste, title).encode()))
-    written = write_files(outputs) if outputs else []
+    written = write_outputs(outputs) if outputs else []
     if tables_svg or tables_png:
         from ..diagram import MappingView, SequenceMap, write_diagrams
 
