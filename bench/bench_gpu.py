@@ -8,7 +8,9 @@ tables scrambled over the pool. For each point, in one run: the kernel's latency
 (triton.testing.do_bench, median), the K and V bytes it must read over that time as a
 share of the GPU's peak HBM bandwidth, and torch's scaled_dot_product_attention on the
 same K and V laid out contiguously ([batch, kv_heads, context, head_dim], enable_gqa).
-Also the cost of trace mode against the untraced kernel.
+Also the cost of trace mode against the untraced kernel, and prefill: whole prompts of
+1k-8k tokens (q_len = seq_len) through the same kernel (`plan_kernel`'s prefill tiles),
+in TFLOP/s against SDPA with is_causal on the same K and V laid out contiguously.
 """
 
 from __future__ import annotations
@@ -109,6 +111,42 @@ def main() -> None:
     untraced = do_bench(lambda: run(False), return_mode="median")
     traced = do_bench(lambda: run(True), return_mode="median")
     print(f"\ntrace mode, fp16, batch 16, context 16384: untraced {untraced * 1e3:.1f} us, traced {traced * 1e3:.1f} us ({traced / untraced:.2f}x)")
+    prefill_table(args.quick)
+
+
+def prefill_table(quick: bool) -> None:
+    """Whole prompts through the paged kernel against causal SDPA on contiguous K/V."""
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    from pagetrace.attention import load_kernel, plan_kernel
+
+    kernel = load_kernel(interpret=False)
+    device = torch.device("cuda")
+    scale = HEAD_DIM**-0.5
+    print("\n| dtype | batch | prompt | paged (ms) | TFLOP/s | SDPA causal (ms) | TFLOP/s | paged / SDPA | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch, context in ([(1, 1024), (4, 4096)] if quick else [(1, 1024), (1, 4096), (1, 8192), (4, 4096), (8, 2048)]):
+        dtype = torch.float16
+        _, k, v, kc, vc, bt, lens = make_point(batch, context, dtype, device)
+        q = torch.randn(batch, HEADS, context, HEAD_DIM, dtype=dtype, device=device)
+        q_paged = q.permute(0, 2, 1, 3).reshape(batch * context, HEADS, HEAD_DIM)
+        plan = plan_kernel(kernel, q_paged, kc, vc, bt, lens, layout="nhd", scale=scale, trace=False, on_gpu=True,
+                           max_seq_len=context, num_kv_heads=KV_HEADS, query_lens=[context] * batch)
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=True, enable_gqa=True)
+
+        out = plan.run()[0]
+        diff = float((out.view(batch, context, HEADS, HEAD_DIM).permute(0, 2, 1, 3).float() - sdpa().float()).abs().max())
+        t_paged = do_bench(lambda: plan.run(), return_mode="median") * 1e-3
+        t_sdpa = do_bench(sdpa, return_mode="median") * 1e-3
+        flops = 2 * batch * HEADS * context * context * HEAD_DIM  # causal: half of 4 * b * h * n^2 * d
+        print(f"| fp16 | {batch} | {context} | {t_paged * 1e3:.2f} | {flops / t_paged / 1e12:.0f} | {t_sdpa * 1e3:.2f} | "
+              f"{flops / t_sdpa / 1e12:.0f} | {t_paged / t_sdpa:.2f}x | {diff:.2e} |", flush=True)
+        del q, k, v, kc, vc, bt, lens, out
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ The matrix covers every distinct tile shape the launcher produces: each layout, 
 head_dim, GQA group and trace setting (they fix GROUP_P, HEAD_DIM_P, BLOCK_N, X and the
 dot's precision), with block sizes 1/3/16/24/32 (1 and multiples of 16 change Triton's
 specialisation) and short, long and batched contexts (they change the grid and the
-partition length) cycled through it. `representative` is the part CI compiles.
+partition length) cycled through it; then fp8 caches, and prefill (BLOCK_Q > 1) with each
+masking feature, over every layout, head_dim, group and trace setting. `representative`
+is the part CI compiles.
 
 The workers run `python -m pagetrace.gpu_compile` without TRITON_INTERPRET, so this module
 works from a process that runs the interpreter (the test suite). No torch or triton here.
@@ -20,7 +22,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .gpu_compile import Compiled, Config
+from .gpu_compile import Compiled, Config, from_json
 
 LAYOUTS = ("blocks", "nhd", "hnd", "vllm")
 DTYPES = ("fp32", "fp16", "bf16")
@@ -29,6 +31,10 @@ BLOCK_SIZES = (1, 3, 16, 24, 32)
 GROUPS = (1, 4, 8)
 CONTEXTS = ((38,), (1024,), (131072, 7), (4096,) * 16)
 ARCH_NAMES = ("sm_90", "sm_80")
+PREFILLS = (((512,), (512,)), ((4096, 1000), (256, 1)))  # (seq_lens, query_lens): a prefill; a chunk beside a decode
+FEATURES = ({}, {"sliding_window": 1024}, {"soft_cap": 30.0}, {"alibi": True})
+# (arch, cache dtype) that Triton cannot compile, and that `paged_attention` refuses on such a GPU
+UNSUPPORTED = {("sm_80", "fp8"): "not supported in this architecture"}  # Triton has fp8e4nv (e4m3) from sm_89 only
 
 
 def heads_for(layout: str, group: int) -> tuple[int, int]:
@@ -38,9 +44,10 @@ def heads_for(layout: str, group: int) -> tuple[int, int]:
 
 
 def production(config: Config) -> bool:
-    """A config serving would run: it must compile without spilling a register."""
-    return (config.head_dim in (64, 128) and config.dtype in ("fp16", "bf16")
-            and config.layout in ("nhd", "hnd", "vllm") and not config.trace)
+    """A decode config serving would run: it must compile without spilling a register."""
+    return (config.head_dim in (64, 128) and config.dtype in ("fp16", "bf16") and not config.cache_dtype
+            and config.layout in ("nhd", "hnd", "vllm") and not config.trace and config.decode
+            and not (config.sliding_window or config.soft_cap or config.alibi))
 
 
 def full_matrix() -> list[Config]:
@@ -54,11 +61,21 @@ def full_matrix() -> list[Config]:
     ):
         heads, kv = heads_for(layout, group)
         out.append(Config(layout, dtype, block_size, head_dim, heads, kv, CONTEXTS[i % len(CONTEXTS)]))
+    # fp8 caches, and prefill / chunked prefill / mixed batches with each masking feature
+    for i, (layout, head_dim, group, trace) in enumerate(itertools.product(LAYOUTS, HEAD_DIMS, GROUPS, (False, True))):
+        heads, kv = heads_for(layout, group)
+        block_size = BLOCK_SIZES[i % len(BLOCK_SIZES)]
+        fp8 = ("fp8", "fp8_e5m2")[i % 2]
+        out.append(Config(layout, "bf16", block_size, head_dim, heads, kv, CONTEXTS[i % len(CONTEXTS)], trace, cache_dtype=fp8))
+        dtype = DTYPES[i % len(DTYPES)]
+        for lens, q_lens in PREFILLS:
+            out.append(Config(layout, dtype, block_size, head_dim, heads, kv, lens, trace, q_lens, **FEATURES[i % len(FEATURES)]))
     return list(dict.fromkeys(out))
 
 
 def representative() -> list[Config]:
-    """The production decode configs at block size 16, 32/8 heads, and the extremes."""
+    """The production decode configs at block size 16, 32/8 heads, the extremes, an fp8
+    cache, and prefill: a whole prompt, a chunk beside a decode, and every masking feature."""
     out = [
         Config(layout, dtype, 16, head_dim, 32, 8, (4096,) * 16)
         for layout, dtype, head_dim in itertools.product(("nhd", "hnd", "vllm"), ("fp16", "bf16"), (64, 128))
@@ -72,6 +89,11 @@ def representative() -> list[Config]:
         Config("vllm", "fp32", 24, 64, 32, 8, (38,)),
         Config("blocks", "fp16", 32, 128, 8, 1, (131072,)),
         Config("vllm", "fp16", 16, 128, 8, 8, (1024,), True),
+        Config("vllm", "bf16", 16, 128, 32, 8, (4096,) * 16, cache_dtype="fp8"),
+        Config("nhd", "fp16", 16, 128, 32, 8, (4096,) * 16, cache_dtype="fp8_e5m2"),
+        Config("nhd", "fp16", 16, 128, 32, 8, (512,), query_lens=(512,)),
+        Config("vllm", "bf16", 16, 128, 32, 8, (4096, 1000), query_lens=(256, 1), sliding_window=1024),
+        Config("hnd", "fp32", 3, 64, 8, 1, (600,), True, (77,), soft_cap=30.0, alibi=True),
     ]
     return out
 
@@ -121,5 +143,4 @@ def compile_configs(
 
 
 def from_record(record: dict) -> Compiled:
-    config = Config(**{**record["config"], "seq_lens": tuple(record["config"]["seq_lens"])})
-    return Compiled(**{**record, "config": config, "grid": tuple(record["grid"])})
+    return Compiled(**{**record, "config": from_json(record["config"]), "grid": tuple(record["grid"])})

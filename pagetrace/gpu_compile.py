@@ -55,19 +55,35 @@ class Config:
     """One call of `paged_attention` on a GPU, by its shapes."""
 
     layout: str = "nhd"
-    dtype: str = "fp16"
+    dtype: str = "fp16"  # the query's; the caches' too unless cache_dtype says "fp8"
     block_size: int = 16
     head_dim: int = 128
     num_heads: int = 32
     num_kv_heads: int = 8
     seq_lens: tuple[int, ...] = (1024,)
     trace: bool = False
+    query_lens: tuple[int, ...] | None = None  # new tokens per sequence; None: decode (one each)
+    cache_dtype: str = ""  # "fp8" (float8_e4m3fn) or "fp8_e5m2" caches, with k/v scales
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    alibi: bool = False
+
+    @property
+    def decode(self) -> bool:
+        return self.query_lens is None or max(self.query_lens) <= 1
 
     @property
     def label(self) -> str:
-        lens = ",".join(map(str, self.seq_lens)) if len(self.seq_lens) <= 2 else f"{len(self.seq_lens)}x{self.seq_lens[0]}"
-        return (f"{self.layout} {self.dtype} d{self.head_dim} bs{self.block_size} "
-                f"h{self.num_heads}/{self.num_kv_heads} ctx {lens}{' trace' if self.trace else ''}")
+        def short(lens):
+            return ",".join(map(str, lens)) if len(lens) <= 2 else f"{len(lens)}x{lens[0]}"
+
+        extras = [f"q {short(self.query_lens)}"] if self.query_lens else []
+        extras += [f"window {self.sliding_window}"] if self.sliding_window else []
+        extras += [f"cap {self.soft_cap:g}"] if self.soft_cap else []
+        extras += ["alibi"] * self.alibi + ["trace"] * self.trace
+        dtype = f"{self.dtype}/{self.cache_dtype}" if self.cache_dtype else self.dtype
+        return " ".join([f"{self.layout} {dtype} d{self.head_dim} bs{self.block_size} h{self.num_heads}/{self.num_kv_heads} "
+                         f"ctx {short(self.seq_lens)}", *extras])
 
 
 @dataclass(slots=True)
@@ -107,35 +123,44 @@ def ptxas_path(capability: int = 90) -> str | None:
 
 
 def meta_inputs(config: Config):
-    """Query, caches, block tables and lengths of `config` as meta tensors (no memory)."""
+    """Query, caches, block tables and lengths of `config` as meta tensors: shapes and
+    strides, no memory, so a 128k-token batch costs nothing."""
     import torch
 
     from .layouts import LAYOUTS, CacheGeometry
 
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[config.dtype]
-    widest = max(-(-n // config.block_size) for n in config.seq_lens)
-    num_blocks = widest * len(config.seq_lens)
-    geom = CacheGeometry(LAYOUTS[config.layout], num_blocks, config.block_size, config.num_kv_heads, config.head_dim, config.dtype)
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
     meta = dict(device="meta")
+    query_tokens = sum(config.query_lens) if config.query_lens else len(config.seq_lens)
+    widest = max(-(-n // config.block_size) for n in config.seq_lens)
+    cache = config.cache_dtype or config.dtype
+    geom = CacheGeometry(LAYOUTS[config.layout], widest * len(config.seq_lens), config.block_size, config.num_kv_heads, config.head_dim,
+                         "fp8" if cache.startswith("fp8") else cache)
     return (
-        torch.empty(len(config.seq_lens), config.num_heads, config.head_dim, dtype=dtype, **meta),
-        torch.empty(geom.shape("key"), dtype=dtype, **meta),
-        torch.empty(geom.shape("value"), dtype=dtype, **meta),
+        torch.empty(query_tokens, config.num_heads, config.head_dim, dtype=dtypes[config.dtype], **meta),
+        torch.empty(geom.shape("key"), dtype=dtypes[cache], **meta),
+        torch.empty(geom.shape("value"), dtype=dtypes[cache], **meta),
         torch.empty(len(config.seq_lens), widest, dtype=torch.int32, **meta),
         torch.empty(len(config.seq_lens), dtype=torch.int32, **meta),
     )
 
 
 def plan_config(config: Config, arch: Arch):
-    """The launches `paged_attention` makes for `config` on a GPU of `arch`."""
+    """The launches `paged_attention` makes for `config` on a GPU of `arch`: the launcher
+    planning from lengths alone (`attention.plan_kernel` without a checked batch)."""
+    import torch
+
     from .attention import load_kernel, plan_kernel
 
     kernel = load_kernel(interpret=False)
-    query, key_cache, value_cache, tables, lens = meta_inputs(config)
+    scale = torch.empty(1, dtype=torch.float32, device="meta") if config.cache_dtype else None
     return plan_kernel(
-        kernel, query, key_cache, value_cache, tables, lens,
-        layout=config.layout, scale=config.head_dim**-0.5, trace=config.trace, on_gpu=True,
-        max_seq_len=max(config.seq_lens), num_kv_heads=config.num_kv_heads, num_sms=arch.num_sms,
+        kernel, *meta_inputs(config), layout=config.layout, scale=config.head_dim**-0.5, trace=config.trace, on_gpu=True,
+        max_seq_len=max(config.seq_lens), num_kv_heads=config.num_kv_heads,
+        query_lens=list(config.query_lens) if config.query_lens else None,
+        sliding_window=config.sliding_window, soft_cap=config.soft_cap,
+        alibi_slopes=torch.empty(config.num_heads, dtype=torch.float32, device="meta") if config.alibi else None,
+        k_scale=scale, v_scale=scale, num_sms=arch.num_sms,
     )
 
 
@@ -292,8 +317,8 @@ def compile_config(config: Config, arch: Arch, cache: Path | None = None, seen: 
                     tmp.write_text(json.dumps(seen[key]))
                     tmp.replace(stored)
         except Exception as exc:  # noqa: BLE001 - reported per launch; the compile test fails on it
-            first = str(exc).strip().splitlines()
-            one.error = f"{type(exc).__name__}: {first[0] if first else ''}"
+            lines = str(exc).strip().splitlines()  # a CompilationError's cause is its last line
+            one.error = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
             results.append(one)
             continue
         for name in STATS:
@@ -303,6 +328,11 @@ def compile_config(config: Config, arch: Arch, cache: Path | None = None, seen: 
         one.waves = round(programs / (arch.num_sms * max(one.programs_per_sm, 1)), 3)
         results.append(one)
     return results
+
+
+def from_json(fields: dict) -> Config:
+    """A Config from its JSON form (lists back to tuples)."""
+    return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def main() -> None:
@@ -319,7 +349,7 @@ def main() -> None:
     seen: dict = {}
     out = []
     for job in request["jobs"]:
-        config = Config(**{**job["config"], "seq_lens": tuple(job["config"]["seq_lens"])})
+        config = from_json(job["config"])
         out.extend(asdict(r) for r in compile_config(config, ARCHS[job["arch"]], cache, seen))
     json.dump({"missing": "", "records": out}, sys.stdout)
 

@@ -19,9 +19,11 @@ assert torch.cuda.is_available(), "no CUDA device"
 print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
 PY
 echo "== kernel tests, compiled"
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernel.py tests/test_cli_run.py tests/test_compile.py
+python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernel.py tests/test_prefill.py tests/test_cli_run.py tests/test_cli_prefill.py tests/test_compile.py
 echo "== pagetrace run on the GPU"
 python3 -m pagetrace run --tokens 38 --device cuda | tail -8
+python3 -m pagetrace run --tokens 38 --query-len 6 --device cuda | tail -8
+python3 -m pagetrace run --tokens 4000,300,20 --query-len 2000,1,1 --heads 32 --kv-heads 8 --head-dim 128 --dtype fp8_e4m3 --k-scale 0.5 --device cuda --rows 6 --show-heads 0 | tail -8
 python3 -m pagetrace run --tokens 100000,3000 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --device cuda --rows 6 --show-heads 0 | tail -8
 echo "== untraced kernel timing"
 if [ "${FULL:-0}" = 1 ]; then python3 bench/bench_gpu.py; else python3 bench/bench_gpu.py --quick; fi

@@ -5,14 +5,14 @@ The launches come from the launcher itself (`attention.plan_kernel` on meta tens
 and go through Triton's own argument binder, so the tile choices and specialisations
 are the real ones. By default a representative set compiles (about half a minute on two
 cores, then cached); PAGETRACE_COMPILE_FULL=1 compiles the full matrix of
-pagetrace/compile_matrix.py (872 distinct variants: tens of minutes on 2 cores).
+pagetrace/compile_matrix.py (about 1,600 distinct variants: tens of minutes on 2 cores).
 """
 
 import os
 
 import pytest
 
-from pagetrace.compile_matrix import compile_configs, full_matrix, production, representative
+from pagetrace.compile_matrix import UNSUPPORTED, compile_configs, full_matrix, production, representative
 from pagetrace.gpu_compile import ARCHS, Config
 
 FULL = os.environ.get("PAGETRACE_COMPILE_FULL", "0") == "1"
@@ -28,9 +28,17 @@ def compiled():
 
 
 def test_every_launch_compiles(compiled):
-    failed = [f"{r.arch} {r.config.label} {r.kernel}: {r.error}" for r in compiled if r.error]
-    assert not failed, "\n".join(failed)
+    """Every launch compiles, except where Triton cannot (fp8 e4m3 before sm_89): there the
+    partition kernel must fail for that reason, which is why `paged_attention` refuses it."""
+    wrong, refused = [], 0
+    for r in compiled:
+        reason = UNSUPPORTED.get((r.arch, r.config.cache_dtype)) if r.kernel.endswith("partition") else None
+        refused += reason is not None
+        if (reason is None and r.error) or (reason is not None and reason not in r.error):
+            wrong.append(f"{r.arch} {r.config.label} {r.kernel}: {r.error or 'compiled'}")
+    assert not wrong, "\n".join(wrong)
     assert {r.arch for r in compiled} == set(ARCHS)
+    assert refused, "the set should hold an fp8 e4m3 cache on sm_80"
 
 
 def test_shared_memory_fits_each_arch(compiled):
