@@ -39,7 +39,7 @@ def attention_mass(plan) -> list[list[float]]:
         layout="nhd", block_size=BLOCK_SIZE, scale=HEAD_DIM**-0.5,
     )
     # rounded, so that the last bits of a CPU's float sums cannot change the picture
-    return [[round(m, 4) for m in block_mass(weights.mean(0).tolist(), BLOCK_SIZE)] for weights in ref.weights]
+    return [[round(m, 4) for m in block_mass(weights[:, :n].mean(0).tolist(), BLOCK_SIZE)] for weights, n in zip(ref.weights, plan.seq_lens)]
 
 
 def build_view() -> MappingView:

@@ -21,24 +21,35 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention_inputs import Batch, check_inputs
 from .errors import RuntimeFailure, UsageError
 from .layouts import get_layout
-from .reference import reference_attention, slots_of
+from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 
 BACKENDS = ("auto", "triton", "interpret", "torch")
 
-# Interpreter cost model, fitted to bench/bench_run.py on the 2-core CI machine (see
-# bench/README.md): a loop iteration of the partition kernel costs about 3.5 ms whatever
-# its tile holds, and each program (partition or reduce) about 5 ms on top.
+# Interpreter cost model, fitted to bench/bench_run.py and bench/bench_prefill.py on the
+# 2-core CI machine (see bench/README.md): a loop iteration of the partition kernel costs
+# about 3.5 ms with a decode tile (a few query rows), about twice that with a prefill tile
+# of INTERPRET_ROWS rows; each program about 5 ms on top; and the first call in a process
+# about 0.6 s more (the interpreter binds the kernels' source on first use), which a model
+# fitted to warm runs missed by 3-4x on small cold runs.
 INTERPRET_ITERATION_S = 0.0035
+INTERPRET_PREFILL_ITERATION_S = 0.007
 INTERPRET_PROGRAM_S = 0.005
+INTERPRET_FIRST_CALL_S = 0.6
 INTERPRET_BUDGET_S = 1.0
 INTERPRET_BLOCK_N = 128
+INTERPRET_ROWS = 128  # query rows (tokens x grouped heads) per tile under the interpreter
 INTERPRET_PARTITION = 4096
 GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_block_n)
-GPU_PARTITION = 512  # the longest split-K partition on a GPU; shorter when the batch is small (gpu_partition_size)
+GPU_ROWS = 64  # query rows per tile on a GPU (prefill)
+GPU_PARTITION = 512  # the longest decode split-K partition on a GPU; shorter when the batch is small
 GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
+
+
+_interpreter_warm = False  # set once the interpreter has run a kernel in this process
 
 
 def _want_interpreter() -> bool:
@@ -78,13 +89,14 @@ def gpu_block_n(head_dim: int, element_size: int) -> int:
     return max(16, min(GPU_BLOCK_N, 1 << max(0, fit.bit_length() - 1)))
 
 
-def gpu_partition_size(max_seq_len: int, num_seqs: int, num_kv_heads: int, block_n: int, num_sms: int) -> int:
-    """Tokens per split-K partition on a GPU: short enough that the (sequence, KV head,
-    partition) programs fill GPU_PROGRAMS_PER_SM x num_sms, never under one tile nor
-    over GPU_PARTITION. A power of two, so a multiple of block_n."""
-    parts = max(1, -(-GPU_PROGRAMS_PER_SM * num_sms // (num_seqs * num_kv_heads)))
+def gpu_partition_size(max_seq_len: int, num_tiles: int, num_kv_heads: int, block_n: int, num_sms: int, prefill: bool = False) -> int:
+    """Tokens per split-K partition on a GPU: short enough that the (query tile, KV head,
+    partition) programs fill GPU_PROGRAMS_PER_SM x num_sms, never under one tile, nor over
+    GPU_PARTITION for decode (a prefill batch has programs enough: one partition, no
+    partials to store). A power of two, so a multiple of block_n."""
+    parts = max(1, -(-GPU_PROGRAMS_PER_SM * num_sms // max(1, num_tiles * num_kv_heads)))
     size = 1 << max(0, (-(-max_seq_len // parts) - 1).bit_length())
-    return min(GPU_PARTITION, max(block_n, size))
+    return max(block_n, size if prefill else min(GPU_PARTITION, size))
 
 
 @functools.cache
@@ -92,44 +104,97 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def query_block(query_lens: list[int], group: int, rows: int) -> int:
+    """Query tokens per tile: 1 for decode, else as many as fit `rows` rows with the group."""
+    longest = max(query_lens, default=1)
+    if longest <= 1:
+        return 1
+    group_p = 1 << max(0, (group - 1).bit_length())
+    return max(1, min(1 << (longest - 1).bit_length(), rows // group_p))
+
+
 def plan_kernel(
-    kernel, query, key_cache, value_cache, block_tables, seq_lens, *,
-    layout: str, scale: float, trace: bool, on_gpu: bool, max_seq_len: int, num_kv_heads: int,
+    kernel, query, key_cache, value_cache, block_tables, seq_lens, batch: Batch | None = None, *,
+    layout: str, scale: float, trace: bool, on_gpu: bool,
+    max_seq_len: int | None = None, num_kv_heads: int | None = None, query_lens: list[int] | None = None,
+    sliding_window: int | None = None, soft_cap: float | None = None, alibi_slopes: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
     num_sms: int | None = None, partition_size: int | None = None, block_n: int | None = None,
 ):
     """The kernel's launches for this call (`pagetrace.kernel.LaunchPlan`), tiles chosen for
-    the device: what `paged_attention` runs, and what `pagetrace.gpu_compile` compiles.
+    the device: what `paged_attention` runs, and what a compile check compiles.
+
+    `batch` comes from `check_inputs`; without it (a compile check, tensors on the "meta"
+    device, nothing read) give max_seq_len, num_kv_heads and query_lens (default decode).
     num_sms: the GPU's SM count (read from the device when None)."""
+    if batch is None:
+        query_lens = [1] * seq_lens.shape[0] if query_lens is None else query_lens
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        block_size = dict(zip(get_layout(layout).key_axes, key_cache.shape))["slot"]
+        batch = Batch([max_seq_len], query_lens, torch.tensor(starts, dtype=torch.int32).to(query.device), num_kv_heads, block_size,
+                      alibi_slopes, k_scale, v_scale)
     head_dim = query.shape[-1]
+    group = query.shape[1] // batch.num_kv_heads
+    max_seq_len = max(batch.seq_lens)
+    block_q = query_block(batch.query_lens, group, GPU_ROWS if on_gpu else INTERPRET_ROWS)
+    tiles = kernel.query_tiles(batch.query_lens, block_q, query.device)
     if on_gpu:
         block_n = block_n or gpu_block_n(head_dim, query.element_size())
         num_sms = num_sms or sm_count(query.device)
-        partition_size = partition_size or gpu_partition_size(max_seq_len, query.shape[0], num_kv_heads, block_n, num_sms)
+        partition_size = partition_size or gpu_partition_size(max_seq_len, len(tiles[0]), batch.num_kv_heads, block_n, num_sms, prefill=block_q > 1)
     else:
         block_n = block_n or INTERPRET_BLOCK_N
-        partition_size = partition_size or max(INTERPRET_PARTITION, block_n)
+        partition_size = partition_size or interpret_partition_size(max_seq_len, block_q, block_n)
     check_tiles(partition_size, block_n)
     return kernel.plan_launches(
-        query, key_cache, value_cache, block_tables, seq_lens,
-        layout=layout, scale=scale, trace=trace, partition_size=partition_size, block_n=block_n, max_seq_len=max_seq_len,
+        query, key_cache, value_cache, block_tables, seq_lens, batch.query_start_loc,
+        layout=layout, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=batch.alibi_slopes,
+        k_scale=batch.k_scale, v_scale=batch.v_scale, out=out, trace=trace,
+        partition_size=partition_size, block_n=block_n, block_q=block_q, max_seq_len=max_seq_len, tiles=tiles,
     )
 
 
-def interpret_cost_s(seq_lens: list[int], num_heads: int, num_kv_heads: int, block_n: int = INTERPRET_BLOCK_N) -> float:
-    """Rough seconds the interpreter needs: a program per (sequence, KV head, partition)
-    looping over token tiles, then a reduce program per (sequence, query head)."""
-    iterations = sum(-(-n // block_n) for n in seq_lens) * num_kv_heads
-    programs = sum(-(-n // INTERPRET_PARTITION) for n in seq_lens) * num_kv_heads + len(seq_lens) * num_heads
-    return iterations * INTERPRET_ITERATION_S + programs * INTERPRET_PROGRAM_S
+def interpret_partition_size(max_seq_len: int, block_q: int, block_n: int = INTERPRET_BLOCK_N) -> int:
+    """Split-K partition on the CPU: INTERPRET_PARTITION for decode (so long contexts show
+    partitions), the whole context for prefill: the interpreter runs programs one after
+    another, so partitions only add a reduce program per (query token, head), about 5 ms each."""
+    if block_q == 1:
+        return max(INTERPRET_PARTITION, block_n)
+    return max(INTERPRET_PARTITION, block_n, 1 << max(0, (max_seq_len - 1).bit_length()))
 
 
-def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num_heads: int, num_kv_heads: int) -> str:
+def interpret_cost_s(
+    seq_lens: list[int], num_heads: int, num_kv_heads: int, query_lens: list[int] | None = None,
+    block_n: int = INTERPRET_BLOCK_N, partition_size: int | None = None,
+) -> float:
+    """Rough seconds the interpreter needs: a program per (query tile, KV head, partition)
+    looping over the key tiles its queries can see, then a reduce program per (query
+    token, query head)."""
+    query_lens = [1] * len(seq_lens) if query_lens is None else query_lens
+    block_q = query_block(query_lens, num_heads // num_kv_heads, INTERPRET_ROWS)
+    longest = max(seq_lens, default=0)
+    partition_size = partition_size or interpret_partition_size(longest, block_q, block_n)
+    parts = max(1, -(-longest // partition_size))
+    iterations = programs = 0
+    for n, q in zip(seq_lens, query_lens):
+        for first in range(n - q, n, block_q):  # each tile sees keys up to its last query's position
+            iterations += -(-min(first + block_q, n) // block_n)
+            programs += parts
+    reduces = sum(query_lens) * num_heads if parts > 1 else 0  # one partition writes the output itself
+    per_iteration = INTERPRET_ITERATION_S if block_q == 1 else INTERPRET_PREFILL_ITERATION_S
+    cold = 0.0 if _interpreter_warm else INTERPRET_FIRST_CALL_S
+    return cold + iterations * num_kv_heads * per_iteration + (programs * num_kv_heads + reduces) * INTERPRET_PROGRAM_S
+
+
+def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num_heads: int, num_kv_heads: int, query_lens: list[int] | None = None) -> str:
     if backend not in BACKENDS:
         raise UsageError("--backend", backend, f"choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
         if device.type == "cuda":
             return "triton"
-        if interpret_cost_s(seq_lens, num_heads, num_kv_heads) <= INTERPRET_BUDGET_S:
+        if interpret_cost_s(seq_lens, num_heads, num_kv_heads, query_lens) <= INTERPRET_BUDGET_S:
             return "interpret"
         return "torch"
     if backend == "triton" and device.type != "cuda":
@@ -141,23 +206,33 @@ def resolve_backend(backend: str, device: torch.device, seq_lens: list[int], num
 
 @dataclass
 class Trace:
-    """Per-token record of one paged-attention call.
+    """Per-(query token, key) record of one paged-attention call.
 
     With a Triton backend every field was written by the kernel itself; with the
     torch backend the slots are the gather's indices and there is one partition.
+    Rows are query tokens (rows of `query`); for decode, one per sequence.
     """
 
     backend: str
     partition_size: int
-    slots: torch.Tensor  # int64 [num_seqs, max_seq_len]: physical slot read for each token, -1 past the end
-    partitions: torch.Tensor  # int32 [num_seqs, max_seq_len]: partition that read it, -1 past the end
-    logits: torch.Tensor  # fp32 [num_seqs, num_heads, max_seq_len]: q·k * scale, NaN past the end
-    lse: torch.Tensor  # fp32 [num_seqs, num_heads]: log-sum-exp of each head's logits
+    slots: torch.Tensor  # int64 [num_seqs, max_seq_len]: physical slot read for each key, -1 past the end (or unread: no new tokens)
+    partitions: torch.Tensor  # int32 [num_seqs, max_seq_len]: partition that read it, -1 where `slots` is
+    logits: torch.Tensor  # fp32 [num_query_tokens, num_heads, max_seq_len]: score before the mask, NaN past the end
+    lse: torch.Tensor  # fp32 [num_query_tokens, num_heads]: log-sum-exp of each row's visible scores
+    mask: torch.Tensor  # int8 [num_query_tokens, max_seq_len]: 0 visible, 1 causal-masked, 2 window-masked, -1 past the end
+    query_start_loc: torch.Tensor  # [num_seqs + 1]: the query tokens of sequence s are rows qsl[s]..qsl[s+1]-1
 
     @property
     def weights(self) -> torch.Tensor:
-        """fp32 [num_seqs, num_heads, max_seq_len]: softmax weights, exp(logit - lse); NaN past the end."""
-        return torch.exp(self.logits - self.lse[..., None])
+        """fp32 [num_query_tokens, num_heads, max_seq_len]: softmax weights, exp(logit - lse)
+        where visible, 0 where masked, NaN past the end."""
+        w = torch.exp(self.logits - self.lse[..., None])
+        w = torch.where(self.mask[:, None, :] == VISIBLE, w, torch.zeros_like(w))
+        return torch.where(self.mask[:, None, :] == NO_KEY, torch.full_like(w, float("nan")), w)
+
+    def rows_of(self, seq: int) -> range:
+        """The query-token rows of sequence `seq`."""
+        return range(int(self.query_start_loc[seq]), int(self.query_start_loc[seq + 1]))
 
 
 def paged_attention(
@@ -167,107 +242,87 @@ def paged_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     *,
+    query_start_loc: torch.Tensor | None = None,
     layout: str = "nhd",
     scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     trace: bool = False,
     backend: str = "auto",
     partition_size: int | None = None,
     block_n: int | None = None,
 ):
-    """Decode attention of each sequence's query over its paged KV cache.
+    """Attention of each sequence's new query tokens over its paged KV cache: decode,
+    prefill (or a prefill chunk) and mixed batches in one call.
 
     Args:
-        query: ``[num_seqs, num_heads, head_dim]``, fp32, fp16 or bf16.
+        query: ``[num_query_tokens, num_heads, head_dim]``, fp32, fp16 or bf16. Without
+            `query_start_loc`, one token per sequence (decode).
         key_cache, value_cache: the pool of blocks, shaped by `layout` (see
             `pagetrace.layouts.LAYOUTS`; for "nhd" ``[num_blocks, block_size,
-            num_kv_heads, head_dim]``), same dtype as the query.
-        block_tables: int32 ``[num_seqs, max_blocks]``: physical block of each logical
-            block, -1 where a sequence has fewer blocks.
-        seq_lens: int32 ``[num_seqs]``: tokens in each sequence (>= 1).
+            num_kv_heads, head_dim]``), the query's dtype or float8_e4m3fn / float8_e5m2.
+        block_tables: int32 or int64 ``[num_seqs, max_blocks]``: physical block of each
+            logical block, -1 where a sequence has fewer blocks.
+        seq_lens: int32 or int64 ``[num_seqs]``: tokens in each sequence, its new ones
+            included (FlashAttention's seqused_k). 0 is legal and gives zeros.
+        query_start_loc: int32 or int64 ``[num_seqs + 1]``, cumulative: sequence s's new
+            tokens are query rows query_start_loc[s] to query_start_loc[s+1] - 1 (vLLM's
+            query_start_loc, FlashAttention's cu_seqlens_q). Causal alignment is
+            bottom-right: new token i of q_len sits at position seq_len - q_len + i and
+            sees the keys at and before it.
         scale: multiplies q·k; default 1/sqrt(head_dim).
-        trace: also return a `Trace` of what was read and computed per token.
+        sliding_window: w: a query at position p sees keys j > p - w only.
+        soft_cap: c: score = c·tanh(score / c), after the scale, before the mask.
+        alibi_slopes: ``[num_heads]``: score += slope_h·(j - p).
+        k_scale, v_scale: fp8 caches' per-tensor scales (value = stored × scale, as vLLM).
+        out: a tensor shaped and typed like `query` to write the output into.
+        trace: also return a `Trace` of what was read and computed per (query token, key).
         backend: "auto", "triton", "interpret" or "torch".
-        partition_size, block_n: split-K partition length and token tile (Triton
-            backends); defaults suit the device.
+        partition_size, block_n: split-K partition length and key tile (Triton backends);
+            defaults suit the device.
 
     Returns:
-        ``output`` ``[num_seqs, num_heads, head_dim]`` in the query's dtype, or
+        ``output`` ``[num_query_tokens, num_heads, head_dim]`` in the query's dtype, or
         ``(output, trace)`` when ``trace=True``. num_heads must be a multiple of
         num_kv_heads; query head h reads KV head h // (num_heads // num_kv_heads).
     """
-    lens, num_kv_heads = check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout)
+    global _interpreter_warm
+    batch = check_inputs(
+        query, key_cache, value_cache, block_tables, seq_lens, layout, query_start_loc=query_start_loc,
+        sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale, out=out,
+    )
     head_dim = query.shape[-1]
     if scale is None:
         scale = head_dim**-0.5
-    chosen = resolve_backend(backend, query.device, lens, query.shape[1], num_kv_heads)
+    chosen = resolve_backend(backend, query.device, batch.seq_lens, query.shape[1], batch.num_kv_heads, batch.query_lens)
     if chosen == "torch":
-        return _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace)
+        return _torch_backend(query, key_cache, value_cache, block_tables, batch, layout, scale, sliding_window, soft_cap, out, trace)
 
+    if chosen == "triton" and key_cache.dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(query.device) < (8, 9):
+        # Triton has fp8e4nv (e4m3) from sm_89 on: the kernel would not compile (tests/test_compile.py shows it)
+        major, minor = torch.cuda.get_device_capability(query.device)
+        raise RuntimeFailure(f"float8_e4m3fn caches need a GPU of compute capability 8.9 or newer, this one is {major}.{minor}; "
+                             "use float8_e5m2 caches or the torch backend")
     kernel = load_kernel(interpret=chosen == "interpret")
     plan = plan_kernel(
-        kernel, query, key_cache, value_cache, block_tables, seq_lens,
-        layout=layout, scale=scale, trace=trace, on_gpu=chosen == "triton", max_seq_len=max(lens), num_kv_heads=num_kv_heads,
-        partition_size=partition_size, block_n=block_n,
+        kernel, query, key_cache, value_cache, block_tables, seq_lens, batch,
+        layout=layout, scale=scale, trace=trace, on_gpu=chosen == "triton",
+        sliding_window=sliding_window, soft_cap=soft_cap, out=out, partition_size=partition_size, block_n=block_n,
     )
     try:
-        out, _, ktrace = plan.run()
+        result, _, ktrace = plan.run()
+        _interpreter_warm = _interpreter_warm or chosen == "interpret"
     except Exception as exc:
         if type(exc).__name__ == "OutOfResources":  # triton.runtime.errors.OutOfResources
             raise RuntimeFailure(f"the kernel does not fit this GPU with head_dim {head_dim} and {plan.block_n}-token tiles: {exc}") from exc
         raise
     if not trace:
-        return out
-    return out, Trace(chosen, plan.partition_size, ktrace.slots, ktrace.partitions, ktrace.logits, ktrace.lse)
-
-
-def check_inputs(query, key_cache, value_cache, block_tables, seq_lens, layout: str) -> tuple[list[int], int]:
-    """Refuse inputs the kernel would read out of bounds with; returns (lengths, num_kv_heads).
-
-    A table entry outside the pool, or a table too short for its length, makes a GPU
-    kernel fault and the interpreter read garbage, so they are checked here, on the host.
-    """
-    lay = get_layout(layout, option="layout")
-    if query.dim() != 3 or 0 in query.shape:
-        raise UsageError("query", tuple(query.shape), "must be [num_seqs, num_heads, head_dim], each at least 1")
-    num_seqs, num_heads, head_dim = query.shape
-    if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise UsageError("query", str(query.dtype), "the kernel takes float32, float16 or bfloat16")
-    for name, tensor in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if tensor.dtype != query.dtype:
-            raise UsageError(name, str(tensor.dtype), f"must have the query's dtype, {query.dtype}")
-    devices = {t.device for t in (query, key_cache, value_cache, block_tables, seq_lens)}
-    if len(devices) > 1:
-        raise UsageError("query", str(query.device), f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    for name, cache, axes in (("key_cache", key_cache, lay.key_axes), ("value_cache", value_cache, lay.value_axes)):
-        if cache.dim() != len(axes):
-            raise UsageError(name, tuple(cache.shape), f"the '{layout}' layout has axes {axes}")
-    key = dict(zip(lay.key_axes, key_cache.shape))
-    value = dict(zip(lay.value_axes, value_cache.shape))
-    key_dim = key["dim"] if "dim" in key else key["dim_hi"] * key["dim_lo"]
-    for axis in ("block", "slot", "head"):
-        if key.get(axis, 1) != value.get(axis, 1):
-            raise UsageError("value_cache", tuple(value_cache.shape), f"its {axis} axis differs from the key cache's {tuple(key_cache.shape)}")
-    if key_dim != head_dim or value["dim"] != head_dim:
-        raise UsageError("query", tuple(query.shape), f"head_dim {head_dim} differs from the caches' ({key_dim}, {value['dim']})")
-    num_blocks, block_size, num_kv_heads = key["block"], key["slot"], key.get("head", 1)
-    if num_heads % num_kv_heads:
-        raise UsageError("query", tuple(query.shape), f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
-        raise UsageError("block_tables", str(block_tables.dtype), "block_tables and seq_lens must be int32")
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or tuple(seq_lens.shape) != (num_seqs,):
-        raise UsageError("block_tables", tuple(block_tables.shape), f"need one row per sequence ({num_seqs}) and seq_lens of shape ({num_seqs},)")
-    lens = [int(n) for n in seq_lens.tolist()]
-    if min(lens) < 1:
-        raise UsageError("seq_lens", lens, "every sequence needs at least one token")
-    needed = (seq_lens.to(torch.int64) + block_size - 1) // block_size
-    if int(needed.max()) > block_tables.shape[1]:
-        raise UsageError("block_tables", tuple(block_tables.shape), f"a sequence of {max(lens)} tokens needs {int(needed.max())} blocks of {block_size}")
-    used = torch.arange(block_tables.shape[1], device=block_tables.device)[None, :] < needed[:, None].to(block_tables.device)
-    bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
-    if bool(bad.any()):
-        s, b = (int(i) for i in torch.nonzero(bad)[0])
-        raise UsageError("block_tables", int(block_tables[s, b]), f"sequence {s} maps logical block {b} outside the pool of {num_blocks} blocks")
-    return lens, num_kv_heads
+        return result
+    return result, Trace(chosen, plan.partition_size, ktrace.slots, ktrace.partitions, ktrace.logits, ktrace.lse, ktrace.mask, batch.query_start_loc)
 
 
 def check_tiles(partition_size: int, block_n: int) -> None:
@@ -277,20 +332,23 @@ def check_tiles(partition_size: int, block_n: int) -> None:
         raise UsageError("partition_size", partition_size, f"must be a positive multiple of block_n ({block_n})")
 
 
-def _torch_backend(query, key_cache, value_cache, block_tables, lens, layout, scale, trace):
-    tables = block_tables.cpu().tolist()  # -1 padding is never indexed: slots_of reads only the blocks a length needs
-    block_size = dict(zip(get_layout(layout).key_axes, key_cache.shape))["slot"]
-    ref = reference_attention(query, key_cache, value_cache, tables, lens, layout=layout, block_size=block_size, scale=scale)
-    out = ref.output.to(query.dtype)
+def _torch_backend(query, key_cache, value_cache, block_tables, batch: Batch, layout, scale, sliding_window, soft_cap, out, trace):
+    tables = block_tables.to(torch.int64).cpu()  # -1 padding is never indexed: gather reads only the blocks a length needs
+    ref = reference_attention(
+        query, key_cache, value_cache, tables, batch.seq_lens, layout=layout, block_size=batch.block_size, scale=scale,
+        query_lens=batch.query_lens, sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=batch.alibi_slopes,
+        k_scale=1.0 if batch.k_scale is None else float(batch.k_scale), v_scale=1.0 if batch.v_scale is None else float(batch.v_scale),
+        keep_scores=trace,
+    )
+    result = out if out is not None else torch.empty_like(query)
+    result.copy_(ref.output)
     if not trace:
-        return out
-    num_seqs, num_heads, _ = query.shape
-    width = max(lens)
-    slots = torch.full((num_seqs, width), -1, dtype=torch.int64)
-    parts = torch.full((num_seqs, width), -1, dtype=torch.int32)
-    logits = torch.full((num_seqs, num_heads, width), float("nan"), dtype=torch.float32)
-    for s, n in enumerate(lens):
-        slots[s, :n] = slots_of(tables[s], n, block_size)
-        parts[s, :n] = 0
-        logits[s, :, :n] = ref.logits[s].float().cpu()
-    return out, Trace("torch", width, slots, parts, logits, ref.lse.float().cpu())
+        return result
+    width = max(batch.seq_lens)
+    slots = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int64)
+    parts = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int32)
+    for s, n in enumerate(batch.seq_lens):
+        if batch.query_lens[s]:  # like the kernel: a sequence without new tokens reads nothing
+            slots[s, :n] = slots_of(tables[s], n, batch.block_size)
+            parts[s, :n] = 0
+    return result, Trace("torch", max(width, 1), slots, parts, ref.logits.float().cpu(), ref.lse.float().cpu(), ref.mask.cpu(), batch.query_start_loc.cpu())

@@ -24,7 +24,7 @@ from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_s
 from .errors import UsageError
 
 # bytes per element of each cache dtype
-DTYPE_SIZES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+DTYPE_SIZES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 VLLM_KEY_CHUNK_BYTES = 16  # vLLM's key cache packs 16 bytes of a key vector together
 

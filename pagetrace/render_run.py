@@ -30,13 +30,20 @@ def hidden_rows(count: int, what: str = "rows", columns: int = 9) -> list:
     return ["⋮", *[""] * (columns - 2), Text(f"{count} {what} hidden", style="dim")]
 
 
-def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | None, num_heads: int) -> Table:
+MASK_STYLES = {"causal": "dim", "window": "dim italic"}
+MASK_SHORT = {"visible": "✓"}
+
+
+def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | None, num_heads: int, show_mask: bool = False) -> Table:
     """One head's rows: the report already holds just the rows to show, in token order."""
     summary = seq.heads[head]
     title = f"sequence {seq.index}: {seq.seq_len} tokens" + (f", query head {head}" if num_heads > 1 else "")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
-    for name in ("token", "logical", "offset", "physical", "slot", "part", "score", "weight"):
-        table.add_column(name, justify="right", no_wrap=True)
+    if show_mask:
+        title += f", query at position {seq.query_position}"
+        table.title = title
+    for name in ("token", "logical", "offset", "physical", "slot", "part", "score", *(["mask"] if show_mask else []), "weight"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=6 if name == "mask" else None)
     table.add_column("", no_wrap=True)
     previous = -1
     for row in seq.rows:
@@ -44,17 +51,26 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | 
         if t not in seq.head_rows[head_pos]:
             continue
         if t != previous + 1:
-            table.add_row(*hidden_rows(t - previous - 1))
-        style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else None
+            table.add_row(*hidden_rows(t - previous - 1, columns=10 if show_mask else 9))
+        style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else MASK_STYLES.get(row.mask)
         table.add_row(
             str(t), str(row.logical_block), str(row.offset), str(row.physical_block), str(row.slot), str(row.partition),
-            f"{row.scores[head_pos]:.4f}", f"{row.weights[head_pos]:.4f}", weight_bar(row.weights[head_pos], summary.max_weight, "traced" if t == highlight else "max" if t == summary.argmax else ""),
+            f"{row.scores[head_pos]:.4f}", *([MASK_SHORT.get(row.mask, row.mask)] if show_mask else []), f"{row.weights[head_pos]:.4f}",
+            weight_bar(row.weights[head_pos], summary.max_weight, "traced" if t == highlight else "max" if t == summary.argmax else ""),
             style=style,
         )
         previous = t
     if previous != seq.seq_len - 1:
-        table.add_row(*hidden_rows(seq.seq_len - 1 - previous))
+        table.add_row(*hidden_rows(seq.seq_len - 1 - previous, columns=10 if show_mask else 9))
     return table
+
+
+def mask_table(seq: int, rows: list[tuple[int, str]], block_size: int) -> Group:
+    """Query rows x key blocks: what each new token of the sequence sees."""
+    lines = [Text(f"mask map, sequence {seq}: a row per query position, a cell per key block of {block_size}", style="italic")]
+    lines += [Text(f"  p={position:<6} {cells}") for position, cells in rows]
+    lines.append(Text("  █ every key visible  ░ some visible  · causal-masked  w window-masked", style="dim"))
+    return Group(*lines)
 
 
 def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int], repeated: set[int], limit: int | None) -> Table:
@@ -112,12 +128,17 @@ def render_run(
     shared: dict[int, int],
     repeated: list[set[int]],
     summary: list[tuple[str, str]],
+    show_mask: bool = False,
+    mask_rows: list[tuple[int, str]] | None = None,
+    mask_seq: int = 0,
 ) -> Group:
     parts: list = [Text.from_markup(header)]
     for seq in sequences:
         token = highlight[1] if highlight and highlight[0] == seq.index else None
         for pos, head in enumerate(shown_heads):
-            parts.append(token_table(seq, pos, head, token, num_heads))
+            parts.append(token_table(seq, pos, head, token, num_heads, show_mask))
+        if mask_rows and seq.index == mask_seq:
+            parts.append(mask_table(mask_seq, mask_rows, block_size))
         parts.append(coverage_table(seq, block_size, shared, repeated[seq.index], limit))
     parts.append(summary_table(summary))
     return Group(*parts)

@@ -18,8 +18,11 @@ from .blocks import BlockSpan, coverage
 from .plan import Plan
 from .reference import slots_of
 
-# |paged - contiguous| <= TOL * (1 + |contiguous|), per cache dtype (fp32 accumulation)
-TOLERANCES = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1.6e-2}
+# |paged - contiguous| <= TOL * (1 + |contiguous|), per cache dtype (fp32 accumulation).
+# fp8 caches run with fp16 queries, and the reference dequantizes the very bytes the kernel
+# reads (every e4m3 / e5m2 value is exact in fp16), so quantization error is on both sides
+# alike: what is left is the fp16 query's rounding, hence fp16's tolerance.
+TOLERANCES = {"fp32": 1e-5, "fp16": 1e-3, "bf16": 1.6e-2, "fp8_e4m3": 1e-3, "fp8_e5m2": 1e-3}
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Row:
     partition: int
     scores: list[float]  # per shown query head
     weights: list[float]
+    mask: str = "visible"  # for the shown query token: visible, causal (after it) or window (too far before it)
 
 
 @dataclass
@@ -54,6 +58,9 @@ class SequenceReport:
     block_mass: list[float]  # attention mass per logical block, mean over all query heads
     head_rows: list[set[int]] = field(default_factory=list)  # per shown head: the tokens its table shows
     traced: int | None = None  # the --token of this sequence
+    query_row: int = 0  # the row of the query (and of the trace) the tables show
+    query: int = 0  # which of the sequence's new tokens that is
+    query_position: int = 0  # its position in the sequence
 
 
 @dataclass
@@ -106,11 +113,16 @@ def rows_to_show(n: int, weights: torch.Tensor, limit: int | None, traced: int |
     return shown | ({traced} if traced is not None else set())
 
 
+MASK_NAMES = {0: "visible", 1: "causal", 2: "window", -1: "-"}
+
+
 def build_report(
     plan: Plan, trace, output: torch.Tensor, shown_heads: list[int], limit: int | None = None, all_rows: bool = True,
-    traced: tuple[int, int] | None = None,
+    traced: tuple[int, int] | None = None, queries: list[int] | None = None,
 ) -> list[SequenceReport]:
+    """queries: per sequence, which of its new tokens the tables show (default: the last)."""
     reports = []
+    mask = trace.mask.cpu()
     logits = trace.logits.cpu()
     weights = trace.weights.cpu()
     slots = trace.slots.cpu()
@@ -118,26 +130,54 @@ def build_report(
     out = output.float().cpu()
     bs = plan.block_size
     for s, (n, table) in enumerate(zip(plan.seq_lens, plan.tables)):
-        w = weights[s, :, :n]
+        rows_of_seq = trace.rows_of(s)
+        q = len(rows_of_seq) - 1 if queries is None or queries[s] is None else queries[s]
+        r = rows_of_seq[q]
+        w = weights[r, :, :n]
         heads = [
-            HeadSummary(h, float(w[h].max()), int(w[h].nan_to_num(nan=-1.0).argmax()), float(out[s, h].norm()), float(trace.lse[s, h]))
+            HeadSummary(h, float(w[h].max()), int(w[h].nan_to_num(nan=-1.0).argmax()), float(out[r, h].norm()), float(trace.lse[r, h]))
             for h in range(w.shape[0])
         ]
         token = traced[1] if traced is not None and traced[0] == s else None
         head_rows = [rows_to_show(n, w[h], limit, token) for h in shown_heads]
         tokens = list(range(n)) if all_rows else sorted(set().union(*head_rows))
         index = torch.tensor(tokens, dtype=torch.long)
-        shown_logits = logits[s][shown_heads][:, index].T.tolist()
+        shown_logits = logits[r][shown_heads][:, index].T.tolist()
+        states = mask[r, index].tolist()
         shown_weights = w[shown_heads][:, index].T.tolist()
         slot_list = slots[s, index].tolist()
         part_list = parts[s, index].tolist()
         rows = [
-            Row(t, t // bs, t % bs, table[t // bs], slot_list[i], part_list[i], shown_logits[i], shown_weights[i])
+            Row(t, t // bs, t % bs, table[t // bs], slot_list[i], part_list[i], shown_logits[i], shown_weights[i], MASK_NAMES[states[i]])
             for i, t in enumerate(tokens)
         ]
         spans = coverage(n, table, bs)
         per_token = w.mean(dim=0)
         cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), per_token.double().cumsum(0)])
         mass = [float(cumulative[span.last_token + 1] - cumulative[span.first_token]) for span in spans]
-        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token))
+        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token, r, q, n - len(rows_of_seq) + q))
     return reports
+
+
+def mask_map(trace, seq: int, seq_len: int, block_size: int, limit: int = 16) -> list[tuple[int, str]]:
+    """The sequence's mask, query rows x key blocks: (position, one character per block):
+    '█' every key visible, '░' some, '·' none (causal), 'w' none (window); at most `limit`
+    rows (the first and the last ones)."""
+    rows = list(trace.rows_of(seq))
+    if len(rows) > limit:
+        rows = rows[: limit // 2] + rows[-(limit - limit // 2):]
+    mask = trace.mask.cpu()
+    first_pos = seq_len - len(trace.rows_of(seq)) - trace.rows_of(seq).start
+    out = []
+    for r in rows:
+        cells = []
+        for b in range(0, seq_len, block_size):
+            states = mask[r, b : min(b + block_size, seq_len)]
+            if bool((states == 0).all()):
+                cells.append("█")
+            elif bool((states == 0).any()):
+                cells.append("░")
+            else:
+                cells.append("w" if bool((states == 2).any()) else "·")
+        out.append((first_pos + r, "".join(cells)))
+    return out

@@ -5,6 +5,7 @@ chosen before triton is first imported; on a GPU the same tests run compiled.
 """
 
 import os
+import random
 
 import torch
 
@@ -32,3 +33,17 @@ def assert_usage_error(result, option):
     assert out == "", out
     lines = err.strip().splitlines()
     assert len(lines) == 1 and option in lines[0] and "Traceback" not in err, err
+
+
+def scrambled_tables(seq_lens, block_size, seed, spare=3):
+    """Block tables drawn at random from a pool `spare` times larger than the sequences
+    need: (tables, pool size). The blocks left over stay unused (NaN in the tests' caches)."""
+    needed = [-(-n // block_size) for n in seq_lens]
+    pool = spare * sum(needed) + 1
+    blocks = list(range(pool))
+    random.Random(seed).shuffle(blocks)
+    tables, start = [], 0
+    for n in needed:
+        tables.append(blocks[start : start + n])
+        start += n
+    return tables, pool

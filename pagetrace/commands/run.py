@@ -24,7 +24,10 @@ HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
     "physical block, slot and attention weight, checked against contiguous attention."
 )
-EPILOG = "Example: pagetrace run --tokens 38   (the worked example); pagetrace run --tokens 38,100 --heads 8 --kv-heads 2 --head-dim 64"
+EPILOG = (
+    "Example: pagetrace run --tokens 38   (the worked example); pagetrace run --tokens 38,100 --heads 8 --kv-heads 2 --head-dim 64; "
+    "pagetrace run --tokens 38 --query-len 6   (a prefill of its last 6 tokens)"
+)
 
 WORKED_EXAMPLE_TOKEN = 20
 DEFAULT_ROWS = 40
@@ -89,12 +92,25 @@ class RunSetup:
     device: Any  # torch.device
     backend: str
     memory_option: tuple[str, object]
+    query_lens: list[int] | None = None  # new tokens per sequence; None: decode (one each)
+    query: int | None = None  # which of --seq's new tokens the tables show (None: the last)
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    alibi: bool = False
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    partition_size: int | None = None
+
+    @property
+    def prefill(self) -> bool:
+        return self.query_lens is not None and max(self.query_lens) > 1
 
 
 def prepare(
     tokens: str, table: list[str] | None, block_size: int, head_dim: int, heads: int, kv_heads: int,
     num_blocks: int | None, dtype: str, layout: str | None, seed: int, scale: float | None, token: int | None,
     seq: int, rows: str, show_heads: str | None, backend: str, device: str, json_rows: bool = False,
+    variant: "Variant | None" = None,
 ) -> RunSetup:
     from ..layouts import make_geometry
     from ..plan import plan_tables
@@ -112,7 +128,9 @@ def prepare(
         layout = "blocks" if kv_heads == 1 else "nhd"
     geom = make_geometry(layout, plan.num_blocks, block_size, kv_heads, head_dim, dtype)
     if dtype == "fp8":
-        raise UsageError("--dtype", dtype, "the kernel runs on fp32, fp16 or bf16 caches (fp8 is for lookup's addresses)")
+        raise UsageError("--dtype", dtype, "the kernel reads fp8_e4m3 or fp8_e5m2 caches; name one (plain fp8 is for lookup's addresses)")
+    variant = variant or Variant()
+    query_lens = variant.check(seq_lens, seq, dtype)
     if heads % kv_heads:
         raise UsageError("--heads", heads, f"must be a multiple of --kv-heads ({kv_heads})")
     if not 0 <= seq < len(seq_lens):
@@ -126,18 +144,71 @@ def prepare(
     from ..attention import resolve_backend
 
     dev = pick_device(device)
-    chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads)
+    chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads, query_lens)
     if chosen != "torch" and head_dim > KERNEL_MAX_HEAD_DIM:
         raise UsageError("--head-dim", head_dim, f"the kernel takes head_dim up to {KERNEL_MAX_HEAD_DIM}; use --backend torch")
     from ..workload import check_memory, run_extra_bytes
 
     memory_option = ("--num-blocks", num_blocks) if num_blocks is not None else ("--tokens", tokens)
-    check_memory(geom, dev, *memory_option, extra=run_extra_bytes(seq_lens, heads, kv_heads, head_dim, json_rows))
+    num_query_tokens = sum(query_lens) if query_lens else None
+    check_memory(geom, dev, *memory_option, extra=run_extra_bytes(seq_lens, heads, kv_heads, head_dim, json_rows, num_query_tokens))
     return RunSetup(
         tokens_text=tokens, plan=plan, heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, layout=layout,
         seed=seed, scale=head_dim**-0.5 if scale is None else scale, token=token, seq=seq, limit=limit,
         shown_heads=shown_heads, device=dev, backend=chosen, memory_option=memory_option,
+        query_lens=query_lens, query=variant.query, sliding_window=variant.sliding_window, soft_cap=variant.soft_cap,
+        alibi=variant.alibi, k_scale=variant.k_scale or 1.0, v_scale=variant.v_scale or 1.0, partition_size=variant.partition_size,
     )
+
+
+@dataclass
+class Variant:
+    """The prefill and attention-variant options of a run, as given."""
+
+    query_len: str | None = None
+    query: int | None = None
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    alibi: bool = False
+    k_scale: float | None = None
+    v_scale: float | None = None
+    partition_size: int | None = None
+
+    def check(self, seq_lens: list[int], seq: int, dtype: str) -> list[int] | None:
+        """Refuse what cannot run; returns new tokens per sequence (None: decode)."""
+        query_lens = None
+        if self.query_len is not None:
+            query_lens = parse_int_list(self.query_len, "--query-len")
+            if len(query_lens) == 1:
+                query_lens = query_lens * len(seq_lens)
+            if len(query_lens) != len(seq_lens):
+                raise UsageError("--query-len", self.query_len, f"give one count, or one per sequence ({len(seq_lens)})")
+            for q, n in zip(query_lens, seq_lens):
+                if not 1 <= q <= n:
+                    raise UsageError("--query-len", self.query_len, f"each sequence's new tokens must be 1..its length (--tokens counts them too), got {q} for {n}")
+        if self.query is not None and not 0 <= self.query < (query_lens[seq] if query_lens else 1):
+            raise UsageError("--query", self.query, f"sequence {seq} has new (query) tokens 0..{(query_lens[seq] if query_lens else 1) - 1}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise UsageError("--sliding-window", self.sliding_window, "must be at least 1 token")
+        if self.soft_cap is not None and not (math.isfinite(self.soft_cap) and 0 < self.soft_cap <= MAX_SCALE):
+            raise UsageError("--soft-cap", self.soft_cap, f"must be a finite number in (0, {MAX_SCALE:g}]")
+        for option, value in (("--k-scale", self.k_scale), ("--v-scale", self.v_scale)):
+            if value is None:
+                continue
+            if not dtype.startswith("fp8"):
+                raise UsageError(option, value, "scales apply to fp8 caches: use --dtype fp8_e4m3 or fp8_e5m2")
+            if not (math.isfinite(value) and 1e-6 <= value <= MAX_SCALE):
+                raise UsageError(option, value, f"must be a finite number in [1e-6, {MAX_SCALE:g}]")
+        if self.partition_size is not None and (self.partition_size < 16 or self.partition_size % 16 or self.partition_size > 2**20):
+            raise UsageError("--partition-size", self.partition_size, "must be a multiple of 16 tokens, 16..1048576")
+        return query_lens
+
+    @property
+    def block_n(self) -> int | None:
+        """Key tile for --partition-size: the largest power of two up to 128 dividing it."""
+        if self.partition_size is None:
+            return None
+        return min(128, self.partition_size & -self.partition_size)
 
 
 @dataclass
@@ -148,6 +219,7 @@ class RunResult:
     reports: list  # [SequenceReport]
     checks: Any  # Checks
     key_norm: float | None
+    mask_rows: list = None  # [(query position, one character per key block)] for --seq, prefill or a window only
 
 
 def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
@@ -155,19 +227,30 @@ def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
 
     from ..attention import paged_attention
     from ..reference import gather, reference_attention
-    from ..report import Checks, build_report, check_slots, compare
+    from ..report import Checks, build_report, check_slots, compare, mask_map
     from ..workload import make_workload
 
     plan = setup.plan
+    from ..workload import alibi_slopes
+
     work = make_workload(
         plan, num_heads=setup.heads, num_kv_heads=setup.kv_heads, head_dim=setup.head_dim, dtype=setup.dtype,
         layout=setup.layout, seed=setup.seed, device=setup.device, memory_option=setup.memory_option,
+        query_lens=setup.query_lens, k_scale=setup.k_scale, v_scale=setup.v_scale,
+    )
+    fp8 = setup.dtype.startswith("fp8")
+    variants = dict(
+        sliding_window=setup.sliding_window, soft_cap=setup.soft_cap,
+        alibi_slopes=alibi_slopes(setup.heads).to(setup.device) if setup.alibi else None,
     )
     with status(f"running the {BACKEND_NAMES[setup.backend]} on {setup.device} ..."):
         start = time.perf_counter()
         output, trace = paged_attention(
             work.query, work.key_cache, work.value_cache, work.block_tables, work.seq_lens,
+            query_start_loc=work.query_start_loc if setup.query_lens else None,
             layout=setup.layout, scale=setup.scale, trace=True, backend=setup.backend,
+            k_scale=setup.k_scale if fp8 else None, v_scale=setup.v_scale if fp8 else None,
+            partition_size=setup.partition_size, block_n=Variant(partition_size=setup.partition_size).block_n, **variants,
         )
         if setup.device.type == "cuda":
             torch.cuda.synchronize(setup.device)
@@ -176,20 +259,23 @@ def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
         ref = reference_attention(
             work.query, work.key_cache, work.value_cache, plan.tables, plan.seq_lens,
             layout=setup.layout, block_size=plan.block_size, scale=setup.scale, compute_dtype=torch.float64,
+            query_lens=setup.query_lens, k_scale=setup.k_scale if fp8 else 1.0, v_scale=setup.v_scale if fp8 else 1.0, **variants,
         )
         max_diff, tol, passed = compare(output, ref.output, setup.dtype)
-        logit_diff = max(
-            float((trace.logits[s, :, :n].double().cpu() - ref.logits[s].cpu()).abs().nan_to_num(nan=math.inf).max())
-            for s, n in enumerate(plan.seq_lens)
-        )
+        got, want = trace.logits.double().cpu(), ref.logits.cpu()
+        both = ~torch.isnan(want)
+        passed = passed and bool(torch.equal(trace.mask.cpu(), ref.mask.cpu())) and bool(torch.equal(both, ~torch.isnan(got)))
+        logit_diff = float((got[both] - want[both]).abs().nan_to_num(nan=math.inf).max()) if bool(both.any()) else 0.0
         checks = Checks(max_diff, tol, passed, check_slots(plan, trace.slots), logit_diff)
         traced = (setup.seq, setup.token) if setup.token is not None else None
-        reports = build_report(plan, trace, output, setup.shown_heads, setup.limit, all_rows=all_rows, traced=traced)
+        queries = [setup.query if s == setup.seq else None for s in range(len(plan.seq_lens))]
+        reports = build_report(plan, trace, output, setup.shown_heads, setup.limit, all_rows=all_rows, traced=traced, queries=queries)
+        mask_rows = mask_map(trace, setup.seq, plan.seq_lens[setup.seq], plan.block_size) if setup.prefill or setup.sliding_window else []
     key_norm = None
     if setup.token is not None:
         keys = gather(work.key_cache, setup.layout, "key", plan.tables[setup.seq], plan.seq_lens[setup.seq], plan.block_size)
         key_norm = float(keys[setup.token, 0].float().norm())
-    return RunResult(setup, elapsed, trace.partition_size, reports, checks, key_norm)
+    return RunResult(setup, elapsed, trace.partition_size, reports, checks, key_norm, mask_rows)
 
 
 def run(
@@ -200,7 +286,7 @@ def run(
     heads: Annotated[int, typer.Option(help="Query heads.")] = 1,
     kv_heads: Annotated[int, typer.Option(help="KV heads (heads must be a multiple: GQA, MQA).")] = 1,
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: 16, grown as the tokens need).")] = None,
-    dtype: Annotated[str, typer.Option(help="Cache and query dtype: fp32, fp16 or bf16.")] = "fp32",
+    dtype: Annotated[str, typer.Option(help="Cache and query dtype: fp32, fp16 or bf16; or an fp8 cache, fp8_e4m3 or fp8_e5m2 (fp16 queries).")] = "fp32",
     layout: Annotated[str | None, typer.Option(help="Cache layout: blocks, nhd, hnd or vllm (default: blocks for one KV head, else nhd).")] = None,
     seed: Annotated[int, typer.Option(help="Seed for the cache, the query and the drawn block tables.")] = 0,
     scale: Annotated[float | None, typer.Option(help="Score scale (default: 1/sqrt(head_dim)).")] = None,
@@ -214,12 +300,21 @@ def run(
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
+    query_len: Annotated[str | None, typer.Option(help="New (query) tokens per sequence, the last ones of --tokens: 6, or per sequence 6,1,1 (a prefill or mixed batch). Default: decode, one each.")] = None,
+    query: Annotated[int | None, typer.Option(help="Which new token of --seq the tables show, 0-based (default: the last).")] = None,
+    sliding_window: Annotated[int | None, typer.Option(help="A query at position p sees keys j > p - W only.")] = None,
+    soft_cap: Annotated[float | None, typer.Option(help="Soft-cap the scores: c * tanh(score / c), before the mask.")] = None,
+    alibi: Annotated[bool, typer.Option("--alibi", help="Add ALiBi biases, slope_h * (j - p), with the standard slopes per head.")] = False,
+    k_scale: Annotated[float | None, typer.Option(help="fp8 key cache scale (value = stored x scale; default 1).")] = None,
+    v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
+    partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
     from ..cli import emit_json, stderr_console
     from ..diagram import MappingView, SequenceMap, check_output_paths
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
-    setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output)
+    variant = Variant(query_len, query, sliding_window, soft_cap, alibi, k_scale, v_scale, partition_size)
+    setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output, variant)
     err = stderr_console()
     for warning in setup.plan.warnings:
         err.print(f"warning: {warning}", style="bold red", markup=False, emoji=False, soft_wrap=True)
@@ -279,9 +374,19 @@ def render(result: RunResult):
         f"head_dim {s.head_dim} · {s.heads} head(s) / {s.kv_heads} KV head(s) · {s.dtype} · layout {s.layout} · "
         f"pool {plan.num_blocks} blocks · backend [bold]{s.backend}[/] ({name}) on {s.device}"
     )
+    extras = [f"{k} {v}" for k, v in (("sliding window", s.sliding_window), ("soft cap", s.soft_cap), ("k_scale", s.k_scale if s.dtype.startswith("fp8") else None),
+                                        ("v_scale", s.v_scale if s.dtype.startswith("fp8") else None)) if v is not None]
+    extras += ["ALiBi"] * s.alibi
+    if s.query_lens:
+        extras.insert(0, "new tokens " + ",".join(map(str, s.query_lens)))
+    if extras:
+        header += " · " + " · ".join(extras)
     repeated = [{p for p in r.table if r.table.count(p) > 1} for r in result.reports]
-    first = result.reports[s.seq].heads[0]
+    shown = result.reports[s.seq]
+    first = shown.heads[0]
     summary = []
+    if s.query_lens:
+        summary.append(("query", f"new token {shown.query} of {s.query_lens[s.seq]} in sequence {s.seq}, at position {shown.query_position}: the tables show its scores, mask and weights"))
     if s.token is not None:
         where = f" (sequence {s.seq}, KV head 0)" if several or s.kv_heads > 1 else ""
         summary.append((f"key vector norm at token {s.token}", f"{result.key_norm:.4f}{where}"))
@@ -294,7 +399,8 @@ def render(result: RunResult):
         ("backend", f"{s.backend} ({name}) on {s.device}, {result.elapsed * 1000:.1f} ms, partitions of {result.partition_size} tokens"),
     ]
     highlight = (s.seq, s.token) if s.token is not None else None
-    return render_run(header, plan.block_size, result.reports, s.shown_heads, s.heads, s.limit, highlight, plan.shared, repeated, summary)
+    return render_run(header, plan.block_size, result.reports, s.shown_heads, s.heads, s.limit, highlight, plan.shared, repeated, summary,
+                      show_mask=bool(result.mask_rows), mask_rows=result.mask_rows, mask_seq=s.seq)
 
 
 def run_json(result: RunResult) -> dict:
@@ -304,7 +410,10 @@ def run_json(result: RunResult) -> dict:
             "tokens": plan.seq_lens, "block_size": plan.block_size, "head_dim": s.head_dim, "heads": s.heads,
             "kv_heads": s.kv_heads, "num_blocks": plan.num_blocks, "dtype": s.dtype, "layout": s.layout, "seed": s.seed,
             "scale": s.scale, "device": str(s.device), "backend": s.backend, "partition_size": result.partition_size,
+            "query_lens": s.query_lens or [1] * len(plan.seq_lens), "sliding_window": s.sliding_window, "soft_cap": s.soft_cap,
+            "alibi": s.alibi, "k_scale": s.k_scale if s.dtype.startswith("fp8") else None, "v_scale": s.v_scale if s.dtype.startswith("fp8") else None,
         },
+        "mask_map": [{"position": p, "blocks": cells} for p, cells in (result.mask_rows or [])],
         "shown_heads": s.shown_heads,
         "shared_blocks": {str(k): v for k, v in plan.shared.items()},
         "warnings": plan.warnings,
@@ -313,6 +422,7 @@ def run_json(result: RunResult) -> dict:
             {
                 "index": r.index,
                 "seq_len": r.seq_len,
+                "query": {"index": r.query, "position": r.query_position, "row": r.query_row},
                 "block_table": r.table,
                 "coverage": [
                     {"logical_block": sp.logical_block, "physical_block": sp.physical_block, "first_token": sp.first_token,

@@ -1,0 +1,141 @@
+"""CPU benchmarks of prefill, and of the torch path against SDPA on contiguous K/V.
+
+    python bench/bench_prefill.py            # about 5 minutes on 2 cores
+    python bench/bench_prefill.py --quick    # seconds: CI's smoke run
+
+Prefill: one sequence whose whole prompt is new (q_len = seq_len), fp32, nhd, block
+size 16, scrambled tables; the interpreter and the torch path, each point in its own
+process (the interpreter's first call in a process is reported apart: "cold").
+Torch path vs SDPA: the same K/V, once paged (pagetrace's torch backend: gather the
+sequence's blocks, then attention) and once laid out contiguously
+([1, kv_heads, seq_len, head_dim], F.scaled_dot_product_attention with enable_gqa),
+decode and prefill; medians of interleaved calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def paged_inputs(heads, kv_heads, head_dim, seq_len, q_len, seed=0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    blocks = -(-seq_len // 16)
+    table = torch.randperm(2 * blocks, generator=gen)[:blocks]
+    k = torch.randn(seq_len, kv_heads, head_dim, generator=gen)
+    v = torch.randn(seq_len, kv_heads, head_dim, generator=gen)
+    kc = torch.zeros(2 * blocks * 16, kv_heads, head_dim)
+    vc = torch.zeros_like(kc)
+    t = torch.arange(seq_len)
+    slots = table[t // 16] * 16 + t % 16
+    kc[slots], vc[slots] = k, v
+    q = torch.randn(q_len, heads, head_dim, generator=gen)
+    args = dict(
+        query=q, key_cache=kc.view(-1, 16, kv_heads, head_dim), value_cache=vc.view(-1, 16, kv_heads, head_dim),
+        block_tables=table[None].to(torch.int32), seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, q_len], dtype=torch.int32),
+    )
+    return args, k, v
+
+
+def one_point(backend, heads, kv_heads, head_dim, seq_len, reps):
+    if backend == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from pagetrace import paged_attention
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    args, _, _ = paged_inputs(heads, kv_heads, head_dim, seq_len, seq_len)
+    start = time.perf_counter()
+    paged_attention(**args, backend=backend)
+    cold = time.perf_counter() - start
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        paged_attention(**args, backend=backend)
+        times.append(time.perf_counter() - start)
+    return {"cold_s": cold, "median_s": statistics.median(times) if times else cold}
+
+
+def prefill(quick: bool) -> list[dict]:
+    points = [("interpret", 1, 1, 64), ("torch", 1, 1, 64), ("torch", 32, 8, 128)]
+    lengths = [1024] if quick else [1024, 2048, 4096, 8192]
+    rows = []
+    for backend, h, kv, d in points:
+        for n in lengths:
+            if h > 1 and n > 4096:
+                continue  # 32 heads x 8k x 8k scores: a minute a call on 2 cores
+            reps = 0 if backend == "interpret" and n > 2048 else (1 if backend == "interpret" or h > 1 else 3)
+            cmd = [sys.executable, __file__, "--one", backend, str(h), str(kv), str(d), str(n), str(reps)]
+            point = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            flops = 2 * h * n * n * d  # causal: half of 4 * h * n^2 * d
+            rows.append({"backend": backend, "shape": f"{h}/{kv}/{d}", "tokens": n, **point, "gflops": flops / point["median_s"] / 1e9})
+            print(f"  prefill {backend:9} {h}/{kv}/{d} {n:>5}: cold {point['cold_s']:.3f} s, median {point['median_s']:.3f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def against_sdpa(quick: bool) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from pagetrace import paged_attention
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    cases = [(4096, 1), (4096, 512)] if quick else [(4096, 1), (32768, 1), (4096, 512), (4096, 4096)]
+    rows = []
+    for seq_len, q_len in cases:
+        args, k, v = paged_inputs(32, 8, 128, seq_len, q_len)
+        kt, vt = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
+        qt = args["query"].transpose(0, 1)[None]
+        p = torch.arange(seq_len - q_len, seq_len)[:, None]
+        mask = None if q_len == 1 else torch.arange(seq_len)[None, :] <= p
+
+        def paged():
+            return paged_attention(**args, backend="torch")
+
+        def sdpa():
+            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+
+        diff = float((paged() - sdpa()[0].transpose(0, 1)).abs().max())
+        a, b = [], []
+        for _ in range(3 if quick or q_len > 1 else 9):
+            for f, acc in ((paged, a), (sdpa, b)):
+                start = time.perf_counter()
+                f()
+                acc.append(time.perf_counter() - start)
+        rows.append({"seq_len": seq_len, "q_len": q_len, "paged_s": statistics.median(a), "sdpa_s": statistics.median(b),
+                     "ratio": statistics.median(a) / statistics.median(b), "max_abs_diff": diff})
+        print(f"  torch vs SDPA {seq_len:>6}/{q_len:<5}: {rows[-1]['ratio']:.2f}x", file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        backend, *nums = args.one
+        print(json.dumps(one_point(backend, *map(int, nums))))
+        return
+    pre = prefill(args.quick)
+    sd = against_sdpa(args.quick)
+    print(f"# {time.strftime('%Y-%m-%d')} · {os.cpu_count()} cores")
+    print("\n| backend | heads/kv/dim | prompt | cold (first call) | median | GFLOP/s |\n|---|---|---|---|---|---|")
+    for r in pre:
+        print(f"| {r['backend']} | {r['shape']} | {r['tokens']} | {r['cold_s']:.3f} s | {r['median_s']:.3f} s | {r['gflops']:.1f} |")
+    print("\n| seq_len | new tokens | torch path (paged) | SDPA (contiguous) | ratio | max abs diff |\n|---|---|---|---|---|---|")
+    for r in sd:
+        print(f"| {r['seq_len']} | {r['q_len']} | {r['paged_s'] * 1e3:.1f} ms | {r['sdpa_s'] * 1e3:.1f} ms | {r['ratio']:.2f}x | {r['max_abs_diff']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
