@@ -2,11 +2,10 @@
 
 The stored cache pages become a compact pool (stored block i is pool block i) read
 through the bundle's layout with no copy (`views.as_tensors`), and each block table is
-renumbered into it. Every new token is one query of the decode kernel: token at position
-p of a request attends to the request's tokens 0..p, read through its block table, so a
-decode step is one kernel call with one query per request, and a prefill (or chunked
-prefill) step is the same call with one query per new token (causal, bottom-right: the
-k-th of q new tokens in an n-token sequence sees n - q + k + 1 tokens).
+renumbered into it. The step then runs as the engine ran it: one varlen `paged_attention`
+call with its query_start_loc and seq_lens (bottom-right causal: the k-th of q new tokens
+in an n-token sequence sees n - q + k + 1 tokens). With a `paged_attention` that takes no
+query_start_loc (decode only), each new token is its own decode query over its prefix.
 """
 
 from __future__ import annotations
