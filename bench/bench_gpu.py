@@ -60,7 +60,7 @@ def main() -> None:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from pagetrace.attention import GPU_BLOCK_N, GPU_PARTITION, load_kernel
+    from pagetrace.attention import load_kernel, plan_kernel
 
     kernel = load_kernel(interpret=False)
     device = torch.device("cuda")
@@ -70,21 +70,26 @@ def main() -> None:
     batches = [1, 16] if args.quick else [1, 16, 64]
     contexts = [1024, 16384] if args.quick else [1024, 4096, 16384, 32768, 131072]
     print(f"# {time.strftime('%Y-%m-%d')} · {name} · torch {torch.__version__} · heads {HEADS}/{KV_HEADS}, head_dim {HEAD_DIM}, block {BLOCK_SIZE}")
-    print("| dtype | batch | context | paged (us) | GB/s | % of peak | SDPA contiguous (us) | paged / SDPA | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | batch | context | partitions x tokens | paged (us) | GB/s | % of peak | SDPA contiguous (us) | paged / SDPA | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     scale = HEAD_DIM**-0.5
     for dtype in dtypes:
         for batch in batches:
             for context in contexts:
                 q, k, v, kc, vc, bt, lens = make_point(batch, context, dtype, device)
 
-                def paged(trace=False):
-                    return kernel.launch(q, kc, vc, bt, lens, layout="nhd", scale=scale, trace=trace,
-                                         partition_size=GPU_PARTITION, block_n=GPU_BLOCK_N, max_seq_len=context)
+                def plan(trace=False):  # the launches paged_attention makes, without its input checks
+                    return plan_kernel(kernel, q, kc, vc, bt, lens, layout="nhd", scale=scale, trace=trace, on_gpu=True,
+                                       max_seq_len=context, num_kv_heads=KV_HEADS)
+
+                def paged():
+                    return plan().run()
 
                 def sdpa():
                     return F.scaled_dot_product_attention(q[:, :, None, :], k, v, scale=scale, enable_gqa=True)
 
+                tiles = plan()
+                parts = f"{tiles.launches[0].grid[0]} x {tiles.partition_size}"
                 out = paged()[0]
                 ref = sdpa()[:, :, 0, :]
                 diff = float((out.float() - ref.float()).abs().max())
@@ -93,14 +98,18 @@ def main() -> None:
                 bytes_read = 2 * k.numel() * k.element_size()
                 bw = bytes_read / t_paged
                 pct = f"{100 * bw / peak:.0f}%" if peak else "n/a"
-                print(f"| {str(dtype).removeprefix('torch.')} | {batch} | {context} | {t_paged * 1e6:.1f} | {bw / 1e9:.0f} | {pct} | "
+                print(f"| {str(dtype).removeprefix('torch.')} | {batch} | {context} | {parts} | {t_paged * 1e6:.1f} | {bw / 1e9:.0f} | {pct} | "
                       f"{t_sdpa * 1e6:.1f} | {t_paged / t_sdpa:.2f}x | {diff:.2e} |", flush=True)
                 del q, k, v, kc, vc, bt, lens, out, ref
                 torch.cuda.empty_cache()
     # trace mode: the same kernel writing slots, partitions and logits per token
     q, k, v, kc, vc, bt, lens = make_point(16, 16384, torch.float16, device)
-    untraced = do_bench(lambda: kernel.launch(q, kc, vc, bt, lens, layout="nhd", scale=scale, max_seq_len=16384), return_mode="median")
-    traced = do_bench(lambda: kernel.launch(q, kc, vc, bt, lens, layout="nhd", scale=scale, trace=True, max_seq_len=16384), return_mode="median")
+    def run(trace):
+        return plan_kernel(kernel, q, kc, vc, bt, lens, layout="nhd", scale=scale, trace=trace, on_gpu=True,
+                           max_seq_len=16384, num_kv_heads=KV_HEADS).run()
+
+    untraced = do_bench(lambda: run(False), return_mode="median")
+    traced = do_bench(lambda: run(True), return_mode="median")
     print(f"\ntrace mode, fp16, batch 16, context 16384: untraced {untraced * 1e3:.1f} us, traced {traced * 1e3:.1f} us ({traced / untraced:.2f}x)")
     prefill_table(args.quick)
 

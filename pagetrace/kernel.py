@@ -73,6 +73,7 @@ def _paged_attention_partition(
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, X: tl.constexpr,
     KEY_ALIGNED: tl.constexpr,  # X > 1 and every X-element key chunk starts 16-byte aligned (the launcher checked)
+    VALUE_RUN: tl.constexpr,  # > 1: runs of this many tokens (one block's) lie contiguous in V, aligned (vllm's value cache)
     BLOCK_N: tl.constexpr,
     SOFT_CAP: tl.constexpr, SLIDING: tl.constexpr, ALIBI: tl.constexpr, KV_SCALED: tl.constexpr,
     TRACE: tl.constexpr,
@@ -124,6 +125,8 @@ def _paged_attention_partition(
         hi = seq_len
     start = tl.maximum(part * partition_size, lo)
     end = tl.minimum(part * partition_size + partition_size, hi)
+    if VALUE_RUN > 1:  # tiles start on a run (the keys below a window's start are masked anyway)
+        start = start // VALUE_RUN * VALUE_RUN
 
     m_i = tl.full([BLOCK_Q * GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_P], tl.float32)
@@ -134,16 +137,21 @@ def _paged_attention_partition(
         # -- two-level lookup: block table, then offset inside the block --
         logical = t // block_size
         offset = t % block_size
-        physical = tl.load(block_tables_ptr + seq * stride_bts + logical * stride_btb, mask=t_mask, other=0).to(tl.int64)
+        in_table = t_mask
+        if VALUE_RUN > 1:  # a token past the end keeps its block's entry, so a run of tokens reads one block
+            in_table = logical < tl.cdiv(seq_len, block_size)
+        physical = tl.load(block_tables_ptr + seq * stride_bts + logical * stride_btb, mask=in_table, other=0).to(tl.int64)
         kv_mask = t_mask[:, None] & d_mask[None, :]
         k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh
         if KEY_ALIGNED:
             k_token = tl.multiple_of(k_token, X)
         k = tl.load(k_ptr + k_token[:, None] + k_dim[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(
-            v_ptr + physical[:, None] * stride_vb + offset[:, None] * stride_vo + kv_head * stride_vh + d[None, :] * stride_vd,
-            mask=kv_mask, other=0.0,
-        )
+        v_off = physical[:, None] * stride_vb + offset[:, None] * stride_vo + kv_head * stride_vh + d[None, :] * stride_vd
+        if VALUE_RUN > 1:  # read along the tokens: load whole runs (inside real blocks), zero the tokens past the end
+            v_off = tl.max_contiguous(tl.multiple_of(v_off, [VALUE_RUN, 1]), [VALUE_RUN, 1])
+            v = tl.where(t_mask[:, None], tl.load(v_ptr + v_off, mask=d_mask[None, :], other=0.0), 0.0)
+        else:
+            v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0)
         # -- scores: scale, soft cap, ALiBi, then the mask --
         if IEEE_DOT:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -296,6 +304,16 @@ def query_tiles(query_lens: list[int], block_q: int, device: torch.device | str 
     return tile_seq.to(torch.int32).to(device), tile_q0.to(torch.int32).to(device)
 
 
+def _value_run(vs: dict[str, int], block_size: int, block_n: int, value_cache: torch.Tensor) -> int:
+    """Tokens per contiguous, 16-byte-aligned run of the value cache that a tile may read at
+    once: the largest power of two dividing the block size (so runs never cross a block,
+    tiles starting at multiples of block_n) when a block's tokens are adjacent in memory
+    (vllm's value layout); 1 otherwise."""
+    run = min(block_size & -block_size, block_n)
+    aligned = value_cache.data_ptr() % 16 == 0 and all(vs[axis] % run == 0 for axis in ("block", "head", "dim_hi"))
+    return run if vs["slot"] == 1 and run > 1 and aligned else 1
+
+
 @dataclass(slots=True)
 class Launch:
     """One kernel launch exactly as the launcher makes it: call it to run it, or hand it to
@@ -446,6 +464,7 @@ def plan_launches(
         HEAD_DIM=head_dim, HEAD_DIM_P=_pow2(head_dim, 16), X=x,
         KEY_ALIGNED=x > 1 and ks["dim_lo"] == 1 and key_cache.data_ptr() % 16 == 0
         and all(ks[axis] % x == 0 for axis in ("block", "slot", "head", "dim_hi")),
+        VALUE_RUN=_value_run(vs, block_size, block_n, value_cache),
         BLOCK_N=block_n,
         SOFT_CAP=soft_cap is not None, SLIDING=sliding_window is not None, ALIBI=alibi_slopes is not None,
         KV_SCALED=k_scale is not None,

@@ -9,6 +9,7 @@ import typer
 from ..blocks import capacity, parse_int_list
 from ..cli_types import dtype_choice, layout_choice
 from ..diagram import MappingView, SequenceMap
+from ..errors import UsageError
 from ..lookup import TokenTrace, trace_token
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
@@ -54,9 +55,26 @@ def lookup(
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
+    from_bundle: Annotated[str | None, typer.Option("--from", help="Capture bundle: address the token in that engine's real cache (with --request).")] = None,
+    request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
+    step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
     from ..cli import emit_json
     from ..diagram import check_output_paths
+
+    if from_bundle is not None:
+        from ..engines.address import bundle_lookup, render_bundle_lookup
+
+        if request is None:
+            raise UsageError("--request", None, "--from needs --request (a request id of the bundle)")
+        document = bundle_lookup(from_bundle, request, token, step, head)
+        if json_output:
+            emit_json(document)
+        else:
+            from ..cli import stdout_console
+
+            stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
+        return
 
     check_output_paths(svg, png, dot, json=json_output)
     trace = trace_token(

@@ -1,0 +1,75 @@
+"""`pagetrace check BUNDLE`: the invariants of a captured step's paged metadata."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+HELP = (
+    "Check a captured engine step (a capture bundle): table entries inside the pool, no visible token on the null "
+    "block, slot_mapping equal to the block-table arithmetic, seq_lens within capacity, query_start_loc, index "
+    "dtypes, no two tokens writing one slot, sharing only of prefix-cached full blocks, and the new K/V at their "
+    "slots through the layout. Exit 0 clean, 1 with violations."
+)
+EPILOG = "Example: pagetrace check capture.bundle --step 1   (write a bundle with examples/vllm_capture.py)"
+SHOWN = 20  # violations printed per step; --json lists them all
+
+
+def check(
+    bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
+    step: Annotated[int | None, typer.Option(help="Check only this step (default: every step in the bundle).")] = None,
+    data: Annotated[bool, typer.Option("--data/--no-data", help="Also read the new tokens' K/V back through the layout (loads torch).")] = True,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
+) -> int:
+    from ..cli import emit_json, stdout_console
+    from ..engines.bundle import read_layer, read_manifest, read_step
+    from ..engines.check import check_step
+
+    manifest = read_manifest(bundle)
+    numbers = [s["step"] for s in manifest.steps] if step is None else [step]
+    results = []
+    for number in numbers:
+        st = read_step(bundle, manifest, number)
+        layers = {layer: read_layer(manifest, st, layer) for layer in st.layers} if data else None
+        results.append((st, check_step(manifest, st, layers)))
+    total = sum(len(v) for _, v in results)
+    if json_output:
+        emit_json({
+            "bundle": str(bundle),
+            "engine": manifest.engine,
+            "layout": manifest.layout.name,
+            "passed": total == 0,
+            "steps": [
+                {"step": st.step, "requests": st.requests, "tokens": st.num_tokens, "violations": [v.to_json() for v in found]}
+                for st, found in results
+            ],
+        })
+        return 0 if total == 0 else 1
+    from rich.table import Table
+
+    console = stdout_console()
+    engine = manifest.engine
+    console.print(
+        f"{bundle}: {engine.get('name')} {engine.get('version', '')} {engine.get('backend', '')} · layout {manifest.layout.name} · "
+        f"block size {manifest.block_size} · pool {manifest.num_blocks} blocks · sharing {manifest.sharing}",
+        markup=False,
+        soft_wrap=True,
+    )
+    for st, found in results:
+        head = f"step {st.step}: {len(st.requests)} requests, {st.num_tokens} new tokens"
+        if not found:
+            console.print(f"{head}: clean" + (f" (data checked on layers {', '.join(map(str, st.layers))})" if data else ""), markup=False)
+            continue
+        console.print(f"{head}: {len(found)} violation{'s' if len(found) > 1 else ''}", markup=False)
+        table = Table(box=None, pad_edge=False)
+        for col in ("check", "request", "token", "logical", "physical", "slot", "byte", "what"):
+            table.add_column(col, justify="right" if col in ("token", "logical", "physical", "slot", "byte") else "left")
+        dash = lambda v: "-" if v is None else str(v)  # noqa: E731
+        for v in found[:SHOWN]:
+            table.add_row(v.check, dash(v.request), dash(v.token), dash(v.logical_block), dash(v.physical_block), dash(v.slot), dash(v.byte), v.message)
+        console.print(table)
+        if len(found) > SHOWN:
+            console.print(f"... and {len(found) - SHOWN} more (--json lists all)")
+    console.print("passed: every invariant holds" if total == 0 else f"failed: {total} violation{'s' if total > 1 else ''}", markup=False)
+    return 0 if total == 0 else 1

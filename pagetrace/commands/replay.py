@@ -1,0 +1,64 @@
+"""`pagetrace replay BUNDLE`: a captured step through pagetrace's kernel, checked twice."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+
+HELP = (
+    "Replay a captured engine step through pagetrace's paged-attention kernel: every new token's attention, read "
+    "through the engine's own block tables and cache layout, compared with contiguous attention and with the "
+    "engine's own output; a per-token table for one request, and the real block tables as a diagram."
+)
+EPILOG = "Example: pagetrace replay capture.bundle --step 1 --layer 0 --request 1 --svg tables.svg"
+ROWS = 24
+
+
+def replay(
+    bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
+    step: Annotated[int | None, typer.Option(help="Step to replay (default: the bundle's first).")] = None,
+    layer: Annotated[int | None, typer.Option(help="Attention layer (default: the step's first).")] = None,
+    request: Annotated[str | None, typer.Option(help="Request for the per-token table: its id, the id before '-', or its batch row (default: the first).")] = None,
+    token: Annotated[int | None, typer.Option(help="Which new token of the request (its position; default: the last).")] = None,
+    backend: Annotated[str, typer.Option(help="auto, triton, interpret or torch.")] = "auto",
+    svg: SvgOption = None,
+    png: PngOption = None,
+    dot: DotOption = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
+) -> int:
+    from ..cli import emit_json, stdout_console
+    from ..diagram import check_output_paths
+    from ..engines.bundle import read_layer, read_manifest, read_step
+    from ..engines.replay import summarize
+    from ..render_replay import mapping_view
+    from ..errors import UsageError
+
+    check_output_paths(svg, png, dot, json=json_output)  # before any work
+    manifest = read_manifest(bundle)
+    st = read_step(bundle, manifest, step)
+    if layer is None:
+        layer = st.layers[0]
+    r = st.request_index(request) if request is not None else 0
+    first = st.seq_lens[r] - st.query_len(r)
+    if token is None:
+        token = st.seq_lens[r] - 1
+    if not first <= token < st.seq_lens[r]:
+        raise UsageError("--token", token, f"request {st.requests[r]}'s new tokens in step {st.step} are {first}..{st.seq_lens[r] - 1}")
+    from ..engines.replay import replay_layer
+
+    result = replay_layer(manifest, st, read_layer(manifest, st, layer), backend=backend)
+    summary = summarize(manifest, st, result, r, token)
+    saved = save_diagrams(mapping_view(manifest, st, summary), svg, png, dot, quiet=json_output)
+    if json_output:
+        doc = summary.to_json(bundle, layer)
+        if saved is not None:
+            doc["diagrams"] = saved["written"]
+        emit_json(doc)
+        return 0 if summary.passed else 1
+    from ..render_replay import render_replay
+
+    stdout_console().print(render_replay(manifest, st, layer, summary, ROWS))
+    return 0 if summary.passed else 1

@@ -1,0 +1,74 @@
+"""`lookup --from BUNDLE`: one token of a captured request, down to the byte of that
+engine's cache. Plain Python and NumPy: no torch."""
+
+from __future__ import annotations
+
+from ..blocks import locate
+from ..errors import UsageError
+from .bundle import read_manifest, read_step
+
+
+def bundle_lookup(path: str, request: str, token: int, step: int | None = None, head: int = 0) -> dict:
+    manifest = read_manifest(path)
+    st = read_step(path, manifest, step)
+    r = st.request_index(request)
+    n = st.seq_lens[r]
+    if not 0 <= token < n:
+        raise UsageError("--token", token, f"request {st.requests[r]} holds tokens 0..{n - 1} in step {st.step}")
+    if not 0 <= head < manifest.num_kv_heads:
+        raise UsageError("--head", head, f"the cache has KV heads 0..{manifest.num_kv_heads - 1}")
+    bs = manifest.block_size
+    table = st.block_table[r][: -(-n // bs)]
+    loc = locate(token, table, bs)
+    key, value = manifest.views()
+
+    def address(view) -> dict:
+        first = view.element(loc.physical_block, loc.offset, head, 0)
+        offsets = [view.element(loc.physical_block, loc.offset, head, d) for d in range(manifest.head_dim)]
+        return {
+            **view.to_json(),
+            "element_offset": first,
+            "byte_offset": first * view.element_size,
+            "dim_stride_elements": view.strides[3],
+            "contiguous": all(b - a == 1 for a, b in zip(offsets, offsets[1:])),
+            "last_byte": offsets[-1] * view.element_size + view.element_size - 1,
+        }
+
+    return {
+        "bundle": str(path),
+        "engine": manifest.engine,
+        "step": st.step,
+        "request": st.requests[r],
+        "token": token,
+        "seq_len": n,
+        "block_table": table,
+        "block_size": bs,
+        "logical_block": loc.logical_block,
+        "offset": loc.offset,
+        "physical_block": loc.physical_block,
+        "slot": loc.slot,
+        "layout": manifest.layout.name,
+        "raw_shape": list(manifest.layout.raw_shape(manifest.num_blocks, bs, manifest.num_kv_heads, manifest.head_dim)),
+        "dtype": manifest.dtype,
+        "head": head,
+        "key": address(key),
+        "value": address(value),
+    }
+
+
+def render_bundle_lookup(doc: dict) -> str:
+    lines = [
+        f"{doc['engine'].get('name')} request {doc['request']} token {doc['token']} (step {doc['step']}, {doc['seq_len']} tokens) · "
+        f"layout {doc['layout']} {doc['raw_shape']} · {doc['dtype']}",
+        f" 1  logical block = {doc['token']} // {doc['block_size']} = {doc['logical_block']}    offset = {doc['token']} % {doc['block_size']} = {doc['offset']}",
+        f" 2  physical block = block_table[{doc['logical_block']}] = {doc['physical_block']}    (table {doc['block_table']})",
+        f" 3  slot = {doc['physical_block']} x {doc['block_size']} + {doc['offset']} = {doc['slot']}",
+    ]
+    for which in ("key", "value"):
+        a = doc[which]
+        how = "contiguous" if a["contiguous"] else f"strided, {a['dim_stride_elements']} elements apart"
+        lines.append(
+            f"    {which} (KV head {doc['head']}) at element {a['element_offset']} = byte {a['byte_offset']} of the {a['buffer']} buffer; "
+            f"strides (block, slot, head, dim) {tuple(a['strides'])} + offset {a['offset']}; {how}"
+        )
+    return "\n".join(lines)

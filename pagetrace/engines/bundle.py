@@ -1,0 +1,325 @@
+"""The capture bundle: one engine step (or several) on disk, and its loader.
+
+A bundle is a folder:
+
+    manifest.json          what was captured (engine, model dims, cache layout, steps)
+    step-NNNN.safetensors  one file per captured step: its metadata and tensors
+
+safetensors keeps shapes and dtypes but not strides, so the manifest names the cache
+layout (`pagetrace.engines.views.ENGINE_LAYOUTS`) and each cache tensor is stored
+contiguous in the layout's raw shape, with only the blocks the step references. The
+README's "Real engines" section lists every field. Loading refuses a malformed bundle
+with a `BundleError` (exit 2) naming the file and the field. The index tensors load
+through NumPy, so `check` and `lookup --from` never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+from .views import ENGINE_LAYOUTS, EngineLayout
+
+FORMAT = "pagetrace-capture"
+VERSION = 1
+DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+SHARING = ("none", "full-blocks")  # which blocks requests may share: prefix caching shares full blocks
+INDEX_TENSORS = ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")
+
+
+class BundleError(UsageError):
+    """A bundle that cannot be read: names the file and the field."""
+
+    def __init__(self, file: str | Path, field_name: str, reason: str) -> None:
+        super().__init__(f"{file}: {field_name}", "", reason)
+        self.args = (f"malformed bundle: {file}: {field_name}: {reason}",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(slots=True)
+class Manifest:
+    engine: dict
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layout: EngineLayout
+    block_size: int
+    kernel_block_size: int
+    num_blocks: int
+    null_block: int | None
+    table_padding: int
+    slot_padding: int
+    sharing: str
+    scale: float
+    k_scale: float
+    v_scale: float
+    sliding_window: int | None
+    layers: dict[int, str]  # layer index -> engine's layer name
+    steps: list[dict]
+
+    @property
+    def element_size(self) -> int:
+        return DTYPES[self.dtype]
+
+    def views(self):
+        """K and V views of the engine's whole cache (real addresses)."""
+        return self.layout.views(self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim, self.element_size)
+
+
+@dataclass(slots=True)
+class Step:
+    """One captured forward pass: the attention metadata, as plain lists."""
+
+    step: int
+    file: Path
+    requests: list[str]
+    layers: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_table: list[list[int]]  # full rows, padding included
+    block_counts: list[int]
+    slot_mapping: list[int]  # padding included
+    positions: list[int]
+    blocks: list[int]  # physical blocks whose pages are stored
+    dtypes: dict[str, str] = field(default_factory=dict)  # index tensor -> numpy dtype name
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_loc[-1] if self.query_start_loc else 0
+
+    def query_len(self, r: int) -> int:
+        return self.query_start_loc[r + 1] - self.query_start_loc[r]
+
+    def request_index(self, request: str, option: str = "--request") -> int:
+        """A request by its id, by the id's part before '-' (vLLM appends a random
+        suffix: `0-92bb6aed`), or by its row in the batch."""
+        if request in self.requests:
+            return self.requests.index(request)
+        short = [i for i, r in enumerate(self.requests) if r.split("-")[0] == request]
+        if len(short) == 1:
+            return short[0]
+        if request.isdigit() and int(request) < len(self.requests):
+            return int(request)
+        raise UsageError(option, request, f"step {self.step} holds requests {', '.join(self.requests)}")
+
+
+def _get(doc: dict, key: str, kind, file, prefix: str = "", optional: bool = False):
+    name = f"{prefix}{key}"
+    if key not in doc or doc[key] is None:
+        if optional:
+            return None
+        raise BundleError(file, name, "is missing")
+    value = doc[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise BundleError(file, name, f"must be an integer, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise BundleError(file, name, f"must be a number, got {value!r}")
+    if kind in (str, list, dict) and not isinstance(value, kind):
+        raise BundleError(file, name, f"must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    folder = Path(path)
+    file = folder / "manifest.json"
+    if not folder.is_dir():
+        raise UsageError("BUNDLE", str(path), "is not a folder; a capture bundle is a folder with manifest.json")
+    try:
+        doc = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise BundleError(file, "manifest.json", "is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(file, "manifest.json", f"is not readable JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BundleError(file, "format", f"must be {FORMAT!r}")
+    if _get(doc, "version", int, file) != VERSION:
+        raise BundleError(file, "version", f"this pagetrace reads version {VERSION}")
+    model = _get(doc, "model", dict, file)
+    kv = _get(doc, "kv_cache", dict, file)
+    attn = _get(doc, "attention", dict, file)
+    dims = {k: _get(model, k, int, file, "model.") for k in ("num_layers", "num_heads", "num_kv_heads", "head_dim")}
+    for k, v in dims.items():
+        if v < 1:
+            raise BundleError(file, f"model.{k}", f"must be at least 1, got {v}")
+    if dims["num_heads"] % dims["num_kv_heads"]:
+        raise BundleError(file, "model.num_heads", f"{dims['num_heads']} is not a multiple of num_kv_heads {dims['num_kv_heads']}")
+    dtype = _get(kv, "dtype", str, file, "kv_cache.")
+    if dtype not in DTYPES:
+        raise BundleError(file, "kv_cache.dtype", f"{dtype!r}: choose one of {', '.join(DTYPES)}")
+    layout_name = _get(kv, "layout", str, file, "kv_cache.")
+    if layout_name not in ENGINE_LAYOUTS:
+        raise BundleError(file, "kv_cache.layout", f"{layout_name!r}: choose one of {', '.join(ENGINE_LAYOUTS)}")
+    sizes = {k: _get(kv, k, int, file, "kv_cache.") for k in ("block_size", "num_blocks")}
+    for k, v in sizes.items():
+        if v < 1:
+            raise BundleError(file, f"kv_cache.{k}", f"must be at least 1, got {v}")
+    sharing = _get(kv, "sharing", str, file, "kv_cache.")
+    if sharing not in SHARING:
+        raise BundleError(file, "kv_cache.sharing", f"{sharing!r}: choose one of {', '.join(SHARING)}")
+    layers_doc = _get(doc, "layers", list, file)
+    layers: dict[int, str] = {}
+    for i, entry in enumerate(layers_doc):
+        if not isinstance(entry, dict):
+            raise BundleError(file, f"layers[{i}]", "must be an object with index and name")
+        index = _get(entry, "index", int, file, f"layers[{i}].")
+        if not 0 <= index < dims["num_layers"]:
+            raise BundleError(file, f"layers[{i}].index", f"{index} is outside 0..{dims['num_layers'] - 1}")
+        layers[index] = _get(entry, "name", str, file, f"layers[{i}].")
+    steps = _get(doc, "steps", list, file)
+    if not steps:
+        raise BundleError(file, "steps", "is empty: the bundle holds no step")
+    for i, entry in enumerate(steps):
+        if not isinstance(entry, dict):
+            raise BundleError(file, f"steps[{i}]", "must be an object")
+        _get(entry, "step", int, file, f"steps[{i}].")
+        _get(entry, "file", str, file, f"steps[{i}].")
+        reqs = _get(entry, "requests", list, file, f"steps[{i}].")
+        if not all(isinstance(r, str) for r in reqs):
+            raise BundleError(file, f"steps[{i}].requests", "must be a list of strings")
+        for j, layer in enumerate(_get(entry, "layers", list, file, f"steps[{i}].")):
+            if layer not in layers:
+                raise BundleError(file, f"steps[{i}].layers[{j}]", f"layer {layer!r} is not in the manifest's layers")
+    window = _get(attn, "sliding_window", int, file, "attention.", optional=True)
+    if window is not None and window < 1:
+        raise BundleError(file, "attention.sliding_window", f"{window}: a window holds at least 1 token; write null for none")
+    null_block = _get(kv, "null_block", int, file, "kv_cache.", optional=True)
+    return Manifest(
+        engine=_get(doc, "engine", dict, file),
+        **dims,
+        dtype=dtype,
+        layout=ENGINE_LAYOUTS[layout_name],
+        block_size=sizes["block_size"],
+        kernel_block_size=_get(kv, "kernel_block_size", int, file, "kv_cache.", optional=True) or sizes["block_size"],
+        num_blocks=sizes["num_blocks"],
+        null_block=null_block,
+        table_padding=_get(kv, "table_padding", int, file, "kv_cache."),
+        slot_padding=_get(kv, "slot_padding", int, file, "kv_cache."),
+        sharing=sharing,
+        scale=float(_get(attn, "scale", float, file, "attention.")),
+        k_scale=float(_get(kv, "k_scale", float, file, "kv_cache.", optional=True) or 1.0),
+        v_scale=float(_get(kv, "v_scale", float, file, "kv_cache.", optional=True) or 1.0),
+        sliding_window=window,
+        layers=layers,
+        steps=steps,
+    )
+
+
+def _step_entry(manifest: Manifest, step: int | None, option: str = "--step") -> dict:
+    numbers = [s["step"] for s in manifest.steps]
+    if step is None:
+        return manifest.steps[0]
+    for entry in manifest.steps:
+        if entry["step"] == step:
+            return entry
+    raise UsageError(option, step, f"the bundle holds steps {', '.join(map(str, numbers))}")
+
+
+def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -> Step:
+    """The index tensors of one step, checked for presence, rank and agreement of sizes."""
+    from safetensors import SafetensorError, safe_open
+
+    entry = _step_entry(manifest, step)
+    file = Path(folder) / entry["file"]
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            names = set(f.keys())
+            arrays = {}
+            for name in INDEX_TENSORS:
+                if name not in names:
+                    raise BundleError(file, name, "is missing")
+                arrays[name] = f.get_tensor(name)
+    except FileNotFoundError:
+        raise BundleError(file, "file", "is missing") from None
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        raise BundleError(file, "file", f"is not a readable safetensors file ({exc})") from None
+    ranks = {"block_table": 2}
+    for name, array in arrays.items():
+        if array.ndim != ranks.get(name, 1):
+            raise BundleError(file, name, f"has {array.ndim} dims, needs {ranks.get(name, 1)}")
+        if array.dtype.kind not in "iu":
+            raise BundleError(file, name, f"must hold integers, got {array.dtype}")
+    num_reqs = len(entry["requests"])
+    for name, want in (("query_start_loc", num_reqs + 1), ("seq_lens", num_reqs), ("block_table", num_reqs), ("block_counts", num_reqs)):
+        if arrays[name].shape[0] != want:
+            raise BundleError(file, name, f"has {arrays[name].shape[0]} rows; the step's {num_reqs} requests need {want}")
+    qsl = arrays["query_start_loc"].tolist()
+    if len(arrays["positions"]) != qsl[-1] or len(arrays["slot_mapping"]) < qsl[-1]:
+        raise BundleError(file, "positions", f"has {len(arrays['positions'])} entries and slot_mapping {len(arrays['slot_mapping'])}; query_start_loc ends at {qsl[-1]} tokens")
+    return Step(
+        step=entry["step"],
+        file=file,
+        requests=list(entry["requests"]),
+        layers=list(entry["layers"]),
+        query_start_loc=qsl,
+        seq_lens=arrays["seq_lens"].tolist(),
+        block_table=arrays["block_table"].tolist(),
+        block_counts=arrays["block_counts"].tolist(),
+        slot_mapping=arrays["slot_mapping"].tolist(),
+        positions=arrays["positions"].tolist(),
+        blocks=arrays["blocks"].tolist(),
+        dtypes={name: str(arrays[name].dtype) for name in arrays},
+    )
+
+
+def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
+    """The float tensors of one layer in one step (torch): the stored cache pages
+    (`kv`, or `key` and `value`), and when captured `query`, `output`, `new_key`, `new_value`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if layer not in step.layers:
+        raise UsageError("--layer", layer, f"step {step.step} holds layers {', '.join(map(str, step.layers))}")
+    try:
+        tensors = load_file(str(step.file))
+    except (SafetensorError, OSError) as exc:
+        raise BundleError(step.file, "file", f"is not a readable safetensors file ({exc})") from None
+    prefix = f"layer{layer}."
+    out = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+    pages = ("key", "value") if manifest.layout.separate else ("kv",)
+    want = manifest.layout.raw_shape(len(step.blocks), manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    for name in pages:
+        if name not in out:
+            raise BundleError(step.file, prefix + name, "is missing")
+        if tuple(out[name].shape) != want:
+            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+    tokens = step.num_tokens
+    for name, heads in (("query", manifest.num_heads), ("output", manifest.num_heads), ("new_key", manifest.num_kv_heads), ("new_value", manifest.num_kv_heads)):
+        if name in out and tuple(out[name].shape) != (tokens, heads, manifest.head_dim):
+            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}, needs {(tokens, heads, manifest.head_dim)}")
+    return out
+
+
+class BundleWriter:
+    """Write a bundle whole or not at all: steps go to a hidden folder beside `path`,
+    which becomes `path` on `close()`. An existing `path` is never replaced."""
+
+    def __init__(self, path: str | Path, manifest: dict) -> None:
+        self.path = Path(path)
+        if self.path.exists() or self.path.is_symlink():
+            raise UsageError("bundle", str(path), "already exists; choose a new folder")
+        self.manifest = dict(manifest, format=FORMAT, version=VERSION, steps=[])
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent or "."))
+
+    def add_step(self, step: int, requests: list[str], layers: list[int], tensors: dict, **extra) -> None:
+        from safetensors.torch import save_file
+
+        name = f"step-{step:04d}.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(self.tmp / name))
+        self.manifest["steps"].append({"step": step, "file": name, "requests": requests, "layers": layers, **extra})
+
+    def close(self) -> Path:
+        (self.tmp / "manifest.json").write_text(json.dumps(self.manifest, indent=2) + "\n")
+        os.rename(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)

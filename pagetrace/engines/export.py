@@ -1,0 +1,97 @@
+"""Write one step of any engine's paged metadata and cache as a capture bundle.
+
+The vLLM `capture` helper writes bundles from a live engine; this does it from tensors you
+already hold (FlashInfer's CSR page table, SGLang's req_to_token, your own engine's), so
+`pagetrace check`, `replay` and `lookup --from` work on them too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UsageError
+from .bundle import DTYPES, SHARING, BundleWriter
+from .views import get_engine_layout
+
+TORCH_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+
+
+def write_bundle(
+    path: str | Path,
+    *,
+    engine: str,
+    layout: str,
+    cache,  # the engine's whole pool for one layer: one raw buffer, or a (key, value) pair
+    block_size: int,
+    num_heads: int,
+    tables: list[list[int]],
+    seq_lens: list[int],
+    query_lens: list[int] | None = None,  # new tokens per request (default: 1, a decode step)
+    slot_mapping: list[int] | None = None,  # default: the block-table arithmetic
+    query=None,  # [tokens, num_heads, head_dim]
+    output=None,  # the engine's attention output, same shape
+    scale: float | None = None,
+    null_block: int | None = None,
+    sharing: str = "full-blocks",
+    request_ids: list[str] | None = None,
+    engine_version: str = "",
+) -> Path:
+    import torch
+
+    lay = get_engine_layout(layout)
+    if sharing not in SHARING:
+        raise UsageError("sharing", sharing, f"choose one of {', '.join(SHARING)}")
+    buffers = tuple(cache) if lay.separate else (cache,)
+    dtype = TORCH_DTYPES.get(str(buffers[0].dtype))
+    if dtype not in DTYPES:
+        raise UsageError("cache", str(buffers[0].dtype), f"a bundle stores {', '.join(TORCH_DTYPES)}")
+    num_blocks = int(buffers[0].shape[lay.block_axis])
+    shape = tuple(buffers[0].shape)
+    # the raw shape fixes H and D: try the head counts that divide it
+    dims = next(((h, d) for h in range(1, 4097) for d in (shape[-1], shape[-1] // 2) if d and lay.raw_shape(num_blocks, block_size, h, d) == shape), None)
+    if dims is None:
+        raise UsageError("cache", shape, f"is not a '{layout}' buffer {lay.raw} with block size {block_size}")
+    num_kv_heads, head_dim = dims
+    qlens = query_lens or [1] * len(tables)
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    positions = [p for n, q in zip(seq_lens, qlens) for p in range(n - q, n)]
+    owners = [r for r, q in enumerate(qlens) for _ in range(q)]
+    if slot_mapping is None:
+        slot_mapping = [tables[r][p // block_size] * block_size + p % block_size for r, p in zip(owners, positions)]
+    counts = [-(-n // block_size) for n in seq_lens]
+    blocks = sorted({b for row, c in zip(tables, counts) for b in row[:c] if 0 <= b < num_blocks} | {s // block_size for s in slot_mapping if s >= 0})
+    width = max(len(row) for row in tables)
+    ids = torch.tensor(blocks, dtype=torch.int64)
+    tensors = {
+        "query_start_loc": torch.tensor(qsl, dtype=torch.int32),
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+        "block_table": torch.tensor([row + [0] * (width - len(row)) for row in tables], dtype=torch.int32),
+        "block_counts": torch.tensor(counts, dtype=torch.int32),
+        "slot_mapping": torch.tensor(slot_mapping, dtype=torch.int64),
+        "positions": torch.tensor(positions, dtype=torch.int64),
+        "blocks": ids,
+    }
+    if lay.separate:
+        tensors["layer0.key"], tensors["layer0.value"] = (b.index_select(0, ids).cpu() for b in buffers)
+    else:
+        tensors["layer0.kv"] = cache.index_select(lay.block_axis, ids).cpu()
+    if query is not None:
+        tensors["layer0.query"] = query.cpu()
+    if output is not None:
+        tensors["layer0.output"] = output.cpu()
+    writer = BundleWriter(path, {
+        "engine": {"name": engine, "version": engine_version},
+        "model": {"num_layers": 1, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
+        "kv_cache": {"dtype": dtype, "layout": layout, "block_size": block_size, "num_blocks": num_blocks, "null_block": null_block,
+                     "table_padding": 0, "slot_padding": -1, "sharing": sharing},
+        "attention": {"scale": head_dim**-0.5 if scale is None else scale, "causal": True, "sliding_window": None},
+        "layers": [{"index": 0, "name": "layer0"}],
+    })
+    try:
+        writer.add_step(0, request_ids or [str(r) for r in range(len(tables))], [0], tensors)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise

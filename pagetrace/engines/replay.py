@@ -1,0 +1,214 @@
+"""A captured step through pagetrace's kernel, against contiguous attention and the engine.
+
+The stored cache pages become a compact pool (stored block i is pool block i) read
+through the bundle's layout with no copy (`views.as_tensors`), and each block table is
+renumbered into it. The step then runs as the engine ran it: one varlen `paged_attention`
+call with its query_start_loc and seq_lens (bottom-right causal: the k-th of q new tokens
+in an n-token sequence sees n - q + k + 1 tokens). With a `paged_attention` that takes no
+query_start_loc (decode only), each new token is its own decode query over its prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RuntimeFailure
+from .bundle import Manifest, Step
+from .views import as_tensors
+
+
+def pool_views(manifest: Manifest, step: Step, tensors: dict):
+    """(key, value, compact): the stored pages as ``[stored_blocks, bs, H, D]`` views, and
+    physical block -> pool block."""
+    raw = (tensors["key"], tensors["value"]) if manifest.layout.separate else tensors["kv"]
+    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    return key, value, {b: i for i, b in enumerate(step.blocks)}
+
+
+@dataclass(slots=True)
+class TokenQuery:
+    """One new token replayed: which request, where, and what it attended to."""
+
+    request: int
+    index: int  # row in the step's token axis (query_start_loc numbering)
+    position: int  # its position in the sequence; it sees tokens 0..position
+
+
+@dataclass(slots=True)
+class Replay:
+    queries: list[TokenQuery]
+    output: torch.Tensor  # kernel: [tokens, H, D]
+    reference: torch.Tensor  # contiguous attention, fp32
+    engine: torch.Tensor | None  # the engine's own output, when captured
+    trace: object  # pagetrace.attention.Trace
+    backend: str
+    tables: list[list[int]]  # physical block tables (real ids), one per request, counted entries only
+
+
+def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery]:
+    out = []
+    for r in range(len(step.requests)):
+        if requests is not None and r not in requests:
+            continue
+        start, end = step.query_start_loc[r], step.query_start_loc[r + 1]
+        first = step.seq_lens[r] - (end - start)
+        out.extend(TokenQuery(r, i, first + k) for k, i in enumerate(range(start, end)))
+    return out
+
+
+def varlen_api() -> bool:
+    """Whether `paged_attention` takes `query_start_loc` (one call for decode, prefill and
+    mixed batches); without it each new token is its own decode query."""
+    import inspect
+
+    from ..attention import paged_attention
+
+    return "query_start_loc" in inspect.signature(paged_attention).parameters
+
+
+def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
+    from ..attention import paged_attention
+
+    if "query" not in tensors:
+        raise RuntimeFailure(f"{step.file}: the step stored no query for this layer; nothing to replay")
+    key, value, compact = pool_views(manifest, step, tensors)
+    queries = queries_of(step, requests)
+    if not queries:
+        raise RuntimeFailure(f"step {step.step} has no new tokens to replay for the chosen requests")
+    bs = manifest.block_size
+    tables = [row[: -(-n // bs)] for row, n in zip(step.block_table, step.seq_lens)]
+    for q in queries:
+        missing = [b for b in tables[q.request][: q.position // bs + 1] if b not in compact]
+        if missing:
+            raise RuntimeFailure(f"request {step.requests[q.request]} token {q.position} reads block {missing[0]}, which the bundle did not store")
+
+    def pool_rows(rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(row) for row in rows)
+        return torch.tensor([[compact[b] for b in row] + [-1] * (width - len(row)) for row in rows], dtype=torch.int32)
+
+    query = tensors["query"][[q.index for q in queries]].to(key.dtype)
+    options = dict(layout="nhd", scale=manifest.scale, trace=True, backend=backend)
+    if varlen_api():  # the step as the engine ran it: one call, query_start_loc and all
+        chosen = sorted({q.request for q in queries})
+        qsl = [0]
+        for r in chosen:
+            qsl.append(qsl[-1] + sum(q.request == r for q in queries))
+        out, trace = paged_attention(
+            query, key, value, pool_rows([tables[r] for r in chosen]), torch.tensor([step.seq_lens[r] for r in chosen], dtype=torch.int32),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32), sliding_window=manifest.sliding_window, **options,
+        )
+    else:  # each new token is one decode query over its own causal prefix
+        if manifest.sliding_window is not None:
+            raise RuntimeFailure("this pagetrace's kernel has no sliding window; the step was captured with one")
+        per_token = pool_rows([tables[q.request][: q.position // bs + 1] for q in queries])
+        out, trace = paged_attention(query, key, value, per_token, torch.tensor([q.position + 1 for q in queries], dtype=torch.int32), **options)
+    reference = causal_reference(query, key, value, queries, [tables[q.request] for q in queries], compact, manifest)
+    engine = tensors["output"][[q.index for q in queries]] if "output" in tensors else None
+    return Replay(queries, out, reference, engine, trace, trace.backend, tables)
+
+
+def causal_reference(query, key, value, queries: list[TokenQuery], tables: list[list[int]], compact: dict[int, int], manifest: Manifest) -> torch.Tensor:
+    """Contiguous attention in fp32, one gather per request: its tokens 0..last position
+    laid out in order, then each new token's softmax over the tokens up to its own (and
+    inside the sliding window, when there is one)."""
+    from ..reference import gather
+
+    bs, window = manifest.block_size, manifest.sliding_window
+    out = torch.empty(len(queries), *query.shape[1:], dtype=torch.float32)
+    by_request: dict[int, list[int]] = {}
+    for j, q in enumerate(queries):
+        by_request.setdefault(q.request, []).append(j)
+    for rows in by_request.values():
+        last = max(queries[j].position for j in rows)
+        table = [compact[b] for b in tables[rows[0]][: last // bs + 1]]
+        k = gather(key, "nhd", "key", table, last + 1, bs).float()  # [n, Hkv, D]
+        v = gather(value, "nhd", "value", table, last + 1, bs).float()
+        group = query.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        logits = torch.einsum("mhd,nhd->mhn", query[rows].float(), k) * manifest.scale
+        keys, positions = torch.arange(last + 1)[None, :], torch.tensor([queries[j].position for j in rows])[:, None]
+        visible = (keys <= positions) & ((keys > positions - window) if window is not None else True)
+        weights = torch.softmax(logits.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
+        out[rows] = torch.einsum("mhn,nhd->mhd", weights, v)
+    return out
+
+
+@dataclass(slots=True)
+class RequestResult:
+    request: str
+    new_tokens: int
+    seq_len: int
+    table: list[int]
+    vs_contiguous: float  # max |kernel - contiguous|
+    vs_engine: float | None  # max |kernel - engine's output|
+    passed: bool
+
+
+@dataclass(slots=True)
+class ReplaySummary:
+    backend: str
+    dtype: str
+    tolerance: float
+    requests: list[RequestResult]
+    traced_request: int
+    traced_token: int
+    rows: list[dict]  # per context token of the traced query
+    block_mass: list[float]  # attention per logical block of the traced request (mean over heads)
+    refcount: dict[int, int]  # physical block -> requests whose table holds it
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.requests)
+
+    def to_json(self, bundle: str, layer: int) -> dict:
+        return {
+            "bundle": str(bundle),
+            "layer": layer,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "requests": [
+                {"request": r.request, "new_tokens": r.new_tokens, "seq_len": r.seq_len, "block_table": r.table,
+                 "max_diff_contiguous": r.vs_contiguous, "max_diff_engine": r.vs_engine, "passed": r.passed}
+                for r in self.requests
+            ],
+            "traced": {"request": self.requests[self.traced_request].request, "token": self.traced_token, "tokens": self.rows},
+            "shared_blocks": {str(b): n for b, n in sorted(self.refcount.items()) if n > 1},
+        }
+
+
+def summarize(manifest: Manifest, step: Step, result: Replay, request: int, token: int) -> ReplaySummary:
+    from ..report import compare
+
+    results = []
+    for r in range(len(step.requests)):
+        rows = [j for j, q in enumerate(result.queries) if q.request == r]
+        if not rows:
+            continue
+        out = result.output[rows]
+        ref_diff, tol, ok = compare(out, result.reference[rows], manifest.dtype)
+        eng_diff = None
+        if result.engine is not None:
+            eng_diff, _, ok_engine = compare(out, result.engine[rows], manifest.dtype)
+            ok = ok and ok_engine
+        results.append(RequestResult(step.requests[r], len(rows), step.seq_lens[r], result.tables[r], ref_diff, eng_diff, ok))
+    refcount: dict[int, int] = {}
+    for table in result.tables:
+        for b in set(table):
+            refcount[b] = refcount.get(b, 0) + 1
+    j = next(j for j, q in enumerate(result.queries) if q.request == request and q.position == token)
+    bs, table = manifest.block_size, result.tables[request]
+    weights = result.trace.weights[j, :, : token + 1].mean(0)
+    logits = result.trace.logits[j, :, : token + 1].mean(0)
+    rows = []
+    for t in range(token + 1):
+        physical = table[t // bs]
+        rows.append({
+            "token": t, "logical_block": t // bs, "offset": t % bs, "physical_block": physical, "slot": physical * bs + t % bs,
+            "refcount": refcount[physical], "score": float(logits[t]), "weight": float(weights[t]),
+        })
+    mass = [float(weights[b * bs : (b + 1) * bs].sum()) for b in range(len(table))]
+    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount)
