@@ -142,7 +142,7 @@ class CacheGeometry:
 
     @property
     def element_size(self) -> int:
-        return DTYPE_SIZES[self.dtype]
+        return DTYPE_SIZES[canonical_dtype(self.dtype) or self.dtype]  # any alias: fp8, half, ...
 
     @property
     def x(self) -> int:
