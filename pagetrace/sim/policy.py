@@ -105,8 +105,26 @@ class VllmPrefixCaching:
         full_sequence_must_fit: bool = False,
     ) -> list[int] | None:
         """kv_cache_manager.py `allocate_slots` with no lookahead, connector or watermark."""
-        hit_blocks = hit_blocks or []
         rid = req.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is not None and not hit_blocks and not num_hit_tokens and not full_sequence_must_fit:
+            # A running request (the scheduler's common call: a decode step or a prefill chunk).
+            # The general path below with its no-op parts dropped: no hits to count or adopt,
+            # and `get_num_blocks_to_allocate` is `required - held` for a running request.
+            mml = self.max_model_len
+            total_computed = min(req.num_computed, mml)
+            bs = self.block_size
+            new = -(-min(total_computed + num_new_tokens, mml) // bs) - len(blocks)  # cdiv
+            if new > self.pool.queue.num_free:
+                return None
+            new_blocks = self.pool.get_new_blocks(new) if new > 0 else []
+            blocks.extend(new_blocks)
+            if self.enable_caching:
+                num_tokens = min(total_computed + num_new_tokens, req.prompt_len + req.num_generated)
+                if num_tokens // bs > self.num_cached_block[rid]:
+                    self._cache_blocks(req, blocks, num_tokens)
+            return new_blocks
+        hit_blocks = hit_blocks or []
         total_computed = min(req.num_computed + num_hit_tokens, self.max_model_len)
         free = self.pool.num_free
         if full_sequence_must_fit:  # `scheduler_reserve_full_isl`: the whole prompt must fit
@@ -138,13 +156,14 @@ class VllmPrefixCaching:
         if done >= full:
             return
         req.update_hashes(self.block_size)
-        pool = self.pool
+        cache_block, ever_cached = self.pool.cache_block, self.ever_cached
+        hashes = req.block_hashes
         for i in range(done, full):
-            h = req.block_hashes[i]
-            pool.cache_block(blocks[i], h)
-            self.ever_cached.add(h)
-            if req.cache_salt is not None:
-                self.ever_cached_content.add(req.content_hashes[i])
+            h = hashes[i]
+            cache_block(blocks[i], h)
+            ever_cached.add(h)
+        if req.cache_salt is not None:
+            self.ever_cached_content.update(req.content_hashes[done:full])
         self.num_cached_block[rid] = full
 
     def free(self, req: SimRequest) -> None:

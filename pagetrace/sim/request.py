@@ -39,17 +39,15 @@ class SimRequest:
     seq: int = 0  # admission order: the running list is sorted by it
     synced: int = 0  # step at whose start num_computed/num_generated hold (cruising requests run ahead)
     event_step: int = -1  # next step a cruising request allocates, caches or finishes
+    max_tokens: int = field(init=False)  # len(output), kept as a field: the scheduler reads it every event
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt)
+        self.max_tokens = len(self.output)
 
     @property
     def num_tokens(self) -> int:
         return self.prompt_len + self.num_generated
-
-    @property
-    def max_tokens(self) -> int:
-        return len(self.output)
 
     def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
         p = self.prompt_len
@@ -67,13 +65,19 @@ class SimRequest:
         `start_token_idx == 0 and request.cache_salt`), so it reaches every later block
         through the parent hash.
         """
-        hashes, content = self.block_hashes, self.content_hashes
+        hashes = self.block_hashes
+        i = len(hashes)
+        full = (self.prompt_len + self.num_generated) // block_size
+        if i >= full:
+            return
+        content = self.content_hashes
         salted = self.cache_salt is not None
-        while (len(hashes) + 1) * block_size <= self.num_tokens:
-            i = len(hashes)
+        parent = hashes[-1] if i else None
+        for i in range(i, full):
             tokens = self.token_slice(i * block_size, (i + 1) * block_size)
             extra = (("cache_salt", self.cache_salt),) if salted and i == 0 else None
-            hashes.append(hash_block(hashes[-1] if i else None, tokens, extra))
+            parent = hash((parent, tokens, extra))  # hash_block(parent, tokens, extra), inlined
+            hashes.append(parent)
             if salted:
                 content.append(hash_block(content[-1] if i else None, tokens, None))
 
