@@ -24,8 +24,8 @@ class FreeBlockQueue:
     def __init__(self, num_blocks: int) -> None:
         self.head, self.tail = num_blocks, num_blocks + 1
         # prev[b] / next[b]: neighbours of b while it is in the queue, -1 when it is not.
-        self.prev = [i - 1 for i in range(num_blocks)] + [-1, num_blocks - 1]
-        self.next = [i + 1 for i in range(num_blocks)] + [0, -1]
+        self.prev = list(range(-1, num_blocks - 1)) + [-1, num_blocks - 1]
+        self.next = list(range(1, num_blocks + 1)) + [0, -1]
         if num_blocks:
             self.prev[0] = self.head
             self.next[num_blocks - 1] = self.tail

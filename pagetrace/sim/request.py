@@ -73,8 +73,11 @@ class SimRequest:
         content = self.content_hashes
         salted = self.cache_salt is not None
         parent = hashes[-1] if i else None
-        for i in range(i, full):
-            tokens = self.token_slice(i * block_size, (i + 1) * block_size)
+        first = i
+        known = self.token_slice(first * block_size, full * block_size)  # one slice for every new block
+        for i in range(first, full):
+            k = (i - first) * block_size
+            tokens = known[k : k + block_size]
             extra = (("cache_salt", self.cache_salt),) if salted and i == 0 else None
             parent = hash((parent, tokens, extra))  # hash_block(parent, tokens, extra), inlined
             hashes.append(parent)
