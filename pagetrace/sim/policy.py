@@ -112,9 +112,12 @@ class VllmPrefixCaching:
             # The general path below with its no-op parts dropped: no hits to count or adopt,
             # and `get_num_blocks_to_allocate` is `required - held` for a running request.
             mml = self.max_model_len
-            total_computed = min(req.num_computed, mml)
+            total_computed = req.num_computed if req.num_computed < mml else mml
+            need_slots = total_computed + num_new_tokens
+            if need_slots > mml:
+                need_slots = mml
             bs = self.block_size
-            new = -(-min(total_computed + num_new_tokens, mml) // bs) - len(blocks)  # cdiv
+            new = -(-need_slots // bs) - len(blocks)  # cdiv(need_slots, bs) - held
             if new > self.pool.queue.num_free:
                 return None
             new_blocks = self.pool.get_new_blocks(new) if new > 0 else []
@@ -156,11 +159,17 @@ class VllmPrefixCaching:
         if done >= full:
             return
         req.update_hashes(self.block_size)
-        cache_block, ever_cached = self.pool.cache_block, self.ever_cached
+        pool, ever_cached = self.pool, self.ever_cached
+        block_hash, cached = pool.block_hash, pool.cached
         hashes = req.block_hashes
         for i in range(done, full):
-            h = hashes[i]
-            cache_block(blocks[i], h)
+            h, b = hashes[i], blocks[i]
+            if block_hash[b] is None:  # pool.cache_block(b, h), inlined
+                block_hash[b] = h
+                if h in cached:
+                    cached[h][b] = None
+                else:
+                    cached[h] = {b: None}
             ever_cached.add(h)
         if req.cache_salt is not None:
             self.ever_cached_content.update(req.content_hashes[done:full])

@@ -91,13 +91,23 @@ class Scheduler:
 
     def _file_event(self, req: SimRequest) -> None:
         """The next step at which this decoding request allocates, caches or finishes."""
-        bs = self.policy.block_size
+        policy = self.policy
+        bs = policy.block_size
         c = req.num_computed
-        quiet = min(len(self.policy.req_to_blocks[req.request_id]) * bs - c, req.max_tokens - req.num_generated - 1)
-        if self.policy.enable_caching:
-            quiet = min(quiet, (bs - (c + 1) % bs) % bs)
-        req.event_step = req.synced + quiet
-        self._events.setdefault(req.event_step, []).append(req)
+        quiet = len(policy.req_to_blocks[req.request_id]) * bs - c  # steps until it needs a new block
+        to_finish = req.max_tokens - req.num_generated - 1
+        if to_finish < quiet:
+            quiet = to_finish
+        if policy.enable_caching:
+            to_fill = (bs - (c + 1) % bs) % bs  # steps until it fills a block (which gets cached)
+            if to_fill < quiet:
+                quiet = to_fill
+        event = req.event_step = req.synced + quiet
+        events = self._events
+        if event in events:
+            events[event].append(req)
+        else:
+            events[event] = [req]
 
     def _release(self, req: SimRequest) -> None:
         self._held_slots -= len(self.policy.block_ids(req.request_id)) * self.policy.block_size
