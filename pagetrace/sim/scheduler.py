@@ -235,18 +235,18 @@ class Scheduler:
         finished: list[str] = []
         all_decoding = True
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
-            req.num_computed += n
+            c = req.num_computed = req.num_computed + n
             req.synced = step + 1
-            if req.num_computed >= req.num_tokens:
-                req.num_generated += 1
-                if req.num_generated >= req.max_tokens:
+            if c >= req.prompt_len + req.num_generated:  # req.num_tokens
+                g = req.num_generated = req.num_generated + 1
+                if g >= req.max_tokens:
                     req.status = FINISHED
                     req.finished_step = step
                     self._release(req)
                     running.remove(req)
                     finished.append(req.request_id)
                     continue
-            if req.num_tokens - req.num_computed != 1:
+            if req.prompt_len + req.num_generated - c != 1:  # num_tokens - num_computed
                 all_decoding = False
         if self.cruise:
             if cruise and all_decoding:
