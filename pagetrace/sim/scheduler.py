@@ -28,10 +28,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from .causes import CAUSES, classify
 from .policy import KVCachePolicy
 from .request import FINISHED, PREEMPTED, RUNNING, WAITING, SimRequest
+
+
+_by_seq = attrgetter("seq")  # admission order
 
 
 @dataclass(slots=True)
@@ -158,7 +162,7 @@ class Scheduler:
 
         if cruise:  # only the requests with an event; every other running request takes its one token
             bucket = {id(r): r for r in self._events.pop(step, ()) if r.event_step == step}  # stale entries dropped
-            due = sorted(bucket.values(), key=lambda r: r.seq)
+            due = sorted(bucket.values(), key=_by_seq)
             for req in due:
                 if req.status != RUNNING:  # preempted earlier in this step
                     continue
