@@ -428,3 +428,17 @@ def test_an_sglang_decode_step_as_a_bundle(tmp_path, capsys):
     path = sglang.write_bundle(tmp_path / "bad.bundle", req_to_token, rows, lens, k_buffer, v_buffer, num_heads=4, out_cache_loc=[12, 41])
     code, found = violations(capsys, path, "--no-data")
     assert code == 1 and [(v["check"], v["request"], v["token"], v["physical_block"], v["slot"]) for v in found] == [("slot", "1", 2, 3, 41)], found
+
+
+def test_a_broken_query_start_loc_is_reported_not_crashed_on(tmp_path, capsys):
+    """The per-token and data checks index rows through query_start_loc: with it broken,
+    check lists the query violations (data check on, its default) and replay refuses."""
+    path = write_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t["query_start_loc"].__setitem__(1, 50))
+    code, out, err = cli(capsys, "check", str(path), "--json")
+    assert code == 1, err
+    found = json.loads(out)["steps"][0]["violations"]
+    assert found and {v["check"] for v in found} == {"query"}, found
+    code, out, err = cli(capsys, "replay", str(path), "--backend", "torch")
+    assert code == 1 and "new tokens but seq_len" in err, err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1, err

@@ -70,7 +70,8 @@ class Checker:
 
     def run(self) -> list[Violation]:
         self.dtypes()
-        if self.query():
+        self.query_ok = self.query()
+        if self.query_ok:  # the per-token checks index rows by query_start_loc
             self.tables()
             self.slots()
             self.sharing()
@@ -97,6 +98,9 @@ class Checker:
             elif qlen > s.seq_lens[r]:
                 self.add("query", f"{qlen} new tokens but seq_len {s.seq_lens[r]}", r)
                 ok = False
+        if qsl[-1] > len(s.slot_mapping):
+            self.add("query", f"query_start_loc ends at {qsl[-1]}, past the step's {len(s.slot_mapping)} token rows")
+            ok = False
         for i in range(qsl[-1], len(s.slot_mapping)):
             if s.slot_mapping[i] != self.m.slot_padding:
                 self.add("query", f"slot_mapping[{i}] = {s.slot_mapping[i]} past the {qsl[-1]} real tokens; padding is {self.m.slot_padding}", slot=s.slot_mapping[i])
@@ -200,6 +204,6 @@ def check_step(manifest: Manifest, step: Step, data_layers: dict[int, dict] | No
     """All violations of one step; `data_layers` (layer -> its tensors) adds the data check."""
     checker = Checker(manifest, step)
     checker.run()
-    for layer, tensors in (data_layers or {}).items():
+    for layer, tensors in (data_layers or {}).items() if checker.query_ok else ():
         checker.data(layer, tensors)
     return checker.found
