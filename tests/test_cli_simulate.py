@@ -124,3 +124,10 @@ def test_simulate_and_capacity_import_no_heavy_modules():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("[]")
+
+
+def test_an_arrival_past_the_step_limit_is_a_usage_error(tmp_path, capsys):
+    trace = tmp_path / "far.jsonl"
+    trace.write_text('{"prompt_len": 10, "output_len": 5, "arrival": 1000000000000}\n')
+    assert_usage_error(cli(capsys, "simulate", "--trace", str(trace), "--num-blocks", "64"), "--trace")
+    assert_usage_error(cli(capsys, "simulate", "--requests", "2", "--arrival-rate", "1e-9", "--num-blocks", "64"), "--arrival-rate")

@@ -58,6 +58,7 @@ def simulate(
     from ..cli import emit_json, stderr_console, stdout_console
     from ..errors import UsageError
     from ..files import check_outputs
+    from ..sim.run import MAX_STEPS
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
@@ -95,6 +96,10 @@ def simulate(
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
         workload = synthetic(spec)
+    last = max(r.arrival for r in workload)
+    if last >= MAX_STEPS:
+        option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
+        raise UsageError(option, value, f"a request arrives at step {last:,}; the simulator runs at most {MAX_STEPS:,} steps")
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..errors import RuntimeFailure
 from .policy import KVCachePolicy, VllmPrefixCaching
 from .request import SimRequest
 from .scheduler import Scheduler, SchedulerConfig, StepRecord
@@ -40,6 +41,9 @@ def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[in
     return row, shared
 
 
+MAX_STEPS = 10_000_000  # a bound on the step count, so a run always ends
+
+
 def simulate(
     requests: Iterable[SimRequest],
     num_blocks: int,
@@ -48,7 +52,7 @@ def simulate(
     enable_caching: bool = True,
     tables_at: Iterable[int] = (),
     record_occupancy: bool = False,
-    max_steps: int = 10_000_000,
+    max_steps: int = MAX_STEPS,
     max_model_len: int = 1 << 30,
     max_cells: int = 4_000_000,
     on_step: Callable[[StepRecord], None] | None = None,
@@ -91,7 +95,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
     while nxt < len(pending) or sched.waiting or sched.running:
         step = sched.step_count
         if step >= max_steps:
-            raise RuntimeError(f"the simulation did not finish within {max_steps} steps")
+            raise RuntimeFailure(f"the simulation did not finish within {max_steps:,} steps")
         while nxt < len(pending) and pending[nxt].arrival <= step:
             sched.add(pending[nxt])
             nxt += 1
