@@ -442,3 +442,11 @@ def test_a_broken_query_start_loc_is_reported_not_crashed_on(tmp_path, capsys):
     code, out, err = cli(capsys, "replay", str(path), "--backend", "torch")
     assert code == 1 and "new tokens but seq_len" in err, err
     assert "internal error" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("entry", [-5, 9])
+def test_lookup_from_refuses_a_table_entry_outside_the_pool(tmp_path, capsys, entry):
+    path = write_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t["block_table"].__setitem__((1, 1), entry))
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "5")
+    assert code == 1 and out == "" and f"= {entry} is outside the pool" in err, err

@@ -4,7 +4,7 @@ engine's cache. Plain Python and NumPy: no torch."""
 from __future__ import annotations
 
 from ..blocks import locate
-from ..errors import UsageError
+from ..errors import RuntimeFailure, UsageError
 from .bundle import read_manifest, read_step
 
 
@@ -20,6 +20,11 @@ def bundle_lookup(path: str, request: str, token: int, step: int | None = None, 
     bs = manifest.block_size
     table = st.block_table[r][: -(-n // bs)]
     loc = locate(token, table, bs)
+    if not 0 <= loc.physical_block < manifest.num_blocks:  # an address outside the cache is no answer
+        raise RuntimeFailure(
+            f"request {st.requests[r]} token {token}: block_table[{loc.logical_block}] = {loc.physical_block} is outside "
+            f"the pool of {manifest.num_blocks} blocks in step {st.step}; `pagetrace check {path}` lists every violation"
+        )
     key, value = manifest.views()
 
     def address(view) -> dict:
