@@ -450,3 +450,11 @@ def test_lookup_from_refuses_a_table_entry_outside_the_pool(tmp_path, capsys, en
     edit_step(path, lambda t: t["block_table"].__setitem__((1, 1), entry))
     code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "5")
     assert code == 1 and out == "" and f"= {entry} is outside the pool" in err, err
+
+
+def test_lookup_from_options_that_would_be_ignored_are_refused(tmp_path, capsys):
+    path = write_bundle(tmp_path / "b")
+    assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "5", "--svg", str(tmp_path / "x.svg")), "--svg")
+    assert not (tmp_path / "x.svg").exists()
+    assert_usage_error(cli(capsys, "lookup", "--request", "b"), "--request")
+    assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--token", "5"), "--request")

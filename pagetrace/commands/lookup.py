@@ -66,7 +66,10 @@ def lookup(
         from ..engines.address import bundle_lookup, render_bundle_lookup
 
         if request is None:
-            raise UsageError("--request", None, "--from needs --request (a request id of the bundle)")
+            raise UsageError("--request", "", "--from needs --request (a request id of the bundle)")
+        for option, value in (("--svg", svg), ("--png", png), ("--dot", dot)):
+            if value is not None:  # the bundle has its own tables: draw them with `pagetrace replay --svg`
+                raise UsageError(option, value, "is not drawn with --from; `pagetrace replay BUNDLE --svg FILE` draws a bundle's tables")
         document = bundle_lookup(from_bundle, request, token, step, head)
         if json_output:
             emit_json(document)
@@ -76,6 +79,9 @@ def lookup(
             stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
         return
 
+    for option, value in (("--request", request), ("--step", step)):
+        if value is not None:
+            raise UsageError(option, value, "addresses a captured request; give --from BUNDLE too")
     check_output_paths(svg, png, dot, json=json_output)
     trace = trace_token(
         token,
