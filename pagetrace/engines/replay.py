@@ -75,9 +75,9 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
         raise RuntimeFailure(f"{step.file}: the step stored no query for this layer; nothing to replay")
     from .check import Checker
 
-    broken = [v for v in Checker(manifest, step).run() if v.check == "query"]
-    if broken:  # rows are found through query_start_loc: with it broken there is nothing sound to replay
-        raise RuntimeFailure(f"step {step.step}: {broken[0].message}; `pagetrace check` lists every violation")
+    checker = Checker(manifest, step)
+    if not checker.query():  # rows are found through query_start_loc: with it broken there is nothing sound to replay
+        raise RuntimeFailure(f"step {step.step}: {checker.found[0].message}; `pagetrace check` lists every violation")
     key, value, compact = pool_views(manifest, step, tensors)
     queries = queries_of(step, requests)
     if not queries:
