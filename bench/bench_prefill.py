@@ -2,12 +2,13 @@
 
     python bench/bench_prefill.py            # about 5 minutes on 2 cores
     python bench/bench_prefill.py --quick    # seconds: CI's smoke run
+    python bench/bench_prefill.py --sdpa-only  # only the torch path against SDPA (a minute)
 
 Prefill: one sequence whose whole prompt is new (q_len = seq_len), fp32, nhd, block
 size 16, scrambled tables; the interpreter and the torch path, each point in its own
 process (the interpreter's first call in a process is reported apart: "cold").
-Torch path vs SDPA: the same K/V, once paged (pagetrace's torch backend: gather the
-sequence's blocks, then attention) and once laid out contiguously
+Torch path vs SDPA: the same K/V, once paged (pagetrace's torch backend: decode reads the
+blocks in cache-sized chunks, a long prefill gathers them for SDPA) and once laid out contiguously
 ([1, kv_heads, seq_len, head_dim], F.scaled_dot_product_attention with enable_gqa),
 decode and prefill; medians of interleaved calls.
 """
@@ -89,17 +90,23 @@ def against_sdpa(quick: bool) -> list[dict]:
     from pagetrace import paged_attention
 
     torch.set_num_threads(os.cpu_count() or 1)
-    cases = [(4096, 1), (4096, 512)] if quick else [(4096, 1), (32768, 1), (4096, 512), (4096, 4096)]
+    from pagetrace.reference import layout_cache
+
+    cases = [(4096, 1, "nhd"), (4096, 512, "nhd")] if quick else [
+        (4096, 1, "nhd"), (32768, 1, "nhd"), (4096, 1, "hnd"), (4096, 1, "vllm"), (4096, 512, "nhd"), (4096, 4096, "nhd")]
     rows = []
-    for seq_len, q_len in cases:
+    for seq_len, q_len, layout in cases:
         args, k, v = paged_inputs(32, 8, 128, seq_len, q_len)
+        if layout != "nhd":  # the same blocks in another layout (vllm: keys split in 16-byte runs, x = 4 fp32)
+            args["key_cache"] = layout_cache(args["key_cache"], layout, "key", 4)
+            args["value_cache"] = layout_cache(args["value_cache"], layout, "value", 4)
         kt, vt = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
         qt = args["query"].transpose(0, 1)[None]
         p = torch.arange(seq_len - q_len, seq_len)[:, None]
         mask = None if q_len == 1 else torch.arange(seq_len)[None, :] <= p
 
         def paged():
-            return paged_attention(**args, backend="torch")
+            return paged_attention(**args, layout=layout, backend="torch")
 
         def sdpa():
             return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
@@ -111,30 +118,31 @@ def against_sdpa(quick: bool) -> list[dict]:
                 start = time.perf_counter()
                 f()
                 acc.append(time.perf_counter() - start)
-        rows.append({"seq_len": seq_len, "q_len": q_len, "paged_s": statistics.median(a), "sdpa_s": statistics.median(b),
+        rows.append({"seq_len": seq_len, "q_len": q_len, "layout": layout, "paged_s": statistics.median(a), "sdpa_s": statistics.median(b),
                      "ratio": statistics.median(a) / statistics.median(b), "max_abs_diff": diff})
-        print(f"  torch vs SDPA {seq_len:>6}/{q_len:<5}: {rows[-1]['ratio']:.2f}x", file=sys.stderr, flush=True)
+        print(f"  torch vs SDPA {seq_len:>6}/{q_len:<5} {layout}: {rows[-1]['ratio']:.2f}x", file=sys.stderr, flush=True)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sdpa-only", action="store_true", help="only the torch path against SDPA")
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         backend, *nums = args.one
         print(json.dumps(one_point(backend, *map(int, nums))))
         return
-    pre = prefill(args.quick)
+    pre = [] if args.sdpa_only else prefill(args.quick)
     sd = against_sdpa(args.quick)
     print(f"# {time.strftime('%Y-%m-%d')} · {os.cpu_count()} cores")
     print("\n| backend | heads/kv/dim | prompt | cold (first call) | median | GFLOP/s |\n|---|---|---|---|---|---|")
     for r in pre:
         print(f"| {r['backend']} | {r['shape']} | {r['tokens']} | {r['cold_s']:.3f} s | {r['median_s']:.3f} s | {r['gflops']:.1f} |")
-    print("\n| seq_len | new tokens | torch path (paged) | SDPA (contiguous) | ratio | max abs diff |\n|---|---|---|---|---|---|")
+    print("\n| seq_len | new tokens | layout | torch path (paged) | SDPA (contiguous) | ratio | max abs diff |\n|---|---|---|---|---|---|---|")
     for r in sd:
-        print(f"| {r['seq_len']} | {r['q_len']} | {r['paged_s'] * 1e3:.1f} ms | {r['sdpa_s'] * 1e3:.1f} ms | {r['ratio']:.2f}x | {r['max_abs_diff']:.1e} |")
+        print(f"| {r['seq_len']} | {r['q_len']} | {r['layout']} | {r['paged_s'] * 1e3:.1f} ms | {r['sdpa_s'] * 1e3:.1f} ms | {r['ratio']:.2f}x | {r['max_abs_diff']:.1e} |")
 
 
 if __name__ == "__main__":

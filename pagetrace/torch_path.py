@@ -27,7 +27,7 @@ SCORES_BYTES = 64 << 20  # the largest fp32 score matrix a sequence may build on
 def torch_attention(query, key_cache, value_cache, tables: torch.Tensor, batch: Batch, layout: str, scale: float,
                     sliding_window: int | None, soft_cap: float | None, out: torch.Tensor) -> torch.Tensor:
     """Write every sequence's attention output into `out` (``[num_query_tokens, num_heads, head_dim]``)."""
-    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_heads = query.shape[1]
     k_scale = 1.0 if batch.k_scale is None else float(batch.k_scale)
     v_scale = 1.0 if batch.v_scale is None else float(batch.v_scale)
     first = 0

@@ -87,3 +87,12 @@ def test_prefill_diagram_shades_masked_keys(capsys, tmp_path):
     code, _, err = cli(capsys, "run", "--tokens", "38", "--dot", str(dot))  # decode: nothing is masked, no legend line
     assert code == 0, err
     assert "masked" not in dot.read_text()
+
+
+def test_json_coverage_counts_masked_keys_per_block(capsys):
+    doc = run_json(capsys, "--tokens", "38", "--query-len", "6", "--query", "2", "--sliding-window", "9")
+    p, w = 34, 9
+    for block in doc["sequences"][0]["coverage"]:
+        keys = range(block["first_token"], block["last_token"] + 1)
+        assert block["causal_masked"] == sum(t > p for t in keys)
+        assert block["window_masked"] == sum(t <= p - w for t in keys)

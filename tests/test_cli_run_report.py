@@ -129,7 +129,7 @@ def test_refusal_follows_the_available_memory(capsys, monkeypatch):
 def test_large_cache_gets_a_memory_note(monkeypatch):
     from types import SimpleNamespace
 
-    from pagetrace.commands import run as run_command
+    from pagetrace import traced_run as run_command
     from pagetrace.plan import plan_tables
 
     monkeypatch.setattr("pagetrace.plan.available_memory_bytes", lambda: 3 << 30)
