@@ -151,6 +151,60 @@ class VllmPrefixCaching:
             self._cache_blocks(req, blocks, min(total_computed + num_new_tokens, req.num_tokens))
         return new_blocks
 
+    def allocate_decode(self, req: SimRequest) -> list[int] | None:
+        """`allocate_slots(req, 1)` for a running request one token short of its known tokens
+        (a decode step), with the same effect: at most one new block, popped off the free
+        queue's head, and at most one newly full block, hashed and cached. The scheduler's
+        cruising steps call this at every event; anything unusual takes the general path."""
+        c = req.num_computed
+        if c + 1 > self.max_model_len or req.prompt_len + req.num_generated != c + 1:
+            return self.allocate_slots(req, 1)
+        rid = req.request_id
+        blocks = self.req_to_blocks[rid]
+        bs, pool = self.block_size, self.pool
+        if c == len(blocks) * bs:  # its next token starts a block: get_new_blocks(1), inlined
+            queue = pool.queue
+            if not queue.num_free:
+                return None
+            nxt, prev = queue.next, queue.prev
+            head = queue.head
+            b = nxt[head]
+            following = nxt[b]
+            nxt[head], prev[following] = following, head
+            nxt[b] = prev[b] = -1
+            queue.num_free -= 1
+            if pool.block_hash[b] is not None:
+                pool._uncache(b)
+                pool.evictions += 1
+            pool.ref_cnt[b] += 1
+            blocks.append(b)
+            new_blocks = [b]
+        else:
+            new_blocks = []
+        full = (c + 1) // bs
+        if self.enable_caching and full > self.num_cached_block[rid]:  # its token fills a block
+            i = full - 1
+            hashes = req.block_hashes
+            if self.num_cached_block[rid] != i or len(hashes) != i or req.cache_salt is not None:
+                self._cache_blocks(req, blocks, c + 1)
+                return new_blocks
+            # update_hashes for one block, then _cache_blocks for it, inlined (same tuple, same hash)
+            p, start = req.prompt_len, i * bs
+            tokens = tuple(req.output[start - p : full * bs - p]) if start >= p else req.token_slice(start, full * bs)
+            h = hash((hashes[-1] if i else None, tokens, None))
+            hashes.append(h)
+            b = blocks[i]
+            if pool.block_hash[b] is None:
+                pool.block_hash[b] = h
+                cached = pool.cached
+                if h in cached:
+                    cached[h][b] = None
+                else:
+                    cached[h] = {b: None}
+            self.ever_cached.add(h)
+            self.num_cached_block[rid] = full
+        return new_blocks
+
     def _cache_blocks(self, req: SimRequest, blocks: list[int], num_tokens: int) -> None:
         """`cache_blocks` -> block_pool.py `cache_full_blocks`: register newly full blocks."""
         rid = req.request_id

@@ -166,10 +166,17 @@ class Scheduler:
             for req in due:
                 if req.status != RUNNING:  # preempted earlier in this step
                     continue
-                self._sync(req, step)
-                new_blocks = self._allocate_running(req, 1, preempted)
-                if new_blocks is None:
-                    break
+                d = step - req.synced  # self._sync(req, step), inlined
+                req.num_computed += d
+                req.num_generated += d
+                req.synced = step
+                new_blocks = policy.allocate_decode(req)
+                if new_blocks is None:  # the pool is out of blocks: preempt until it fits
+                    new_blocks = self._allocate_running(req, 1, preempted)
+                    if new_blocks is None:
+                        break
+                else:
+                    self._held_slots += len(new_blocks) * policy.block_size
                 allocated += len(new_blocks)
                 scheduled.append((req, 1))
             budget = cfg.max_num_batched_tokens - len(running)
