@@ -161,11 +161,12 @@ class Scheduler:
         admitted: list[str] = []
 
         if cruise:  # only the requests with an event; every other running request takes its one token
-            bucket = {id(r): r for r in self._events.pop(step, ()) if r.event_step == step}  # stale entries dropped
-            due = sorted(bucket.values(), key=_by_seq)
-            for req in due:
-                if req.status != RUNNING:  # preempted earlier in this step
+            # A request filed twice for this step, or filed before a preemption, is skipped:
+            # its event_step has moved on (every new event is after this step) or it is not running.
+            for req in sorted(self._events.pop(step, ()), key=_by_seq):
+                if req.event_step != step or req.status != RUNNING:
                     continue
+                req.event_step = -1  # a second entry for it is stale
                 d = step - req.synced  # self._sync(req, step), inlined
                 req.num_computed += d
                 req.num_generated += d
@@ -245,6 +246,10 @@ class Scheduler:
         self._computed += tokens
         finished: list[str] = []
         all_decoding = True
+        # While cruising, each request still decoding files its next event at once (a
+        # prefill chunk anywhere clears them all below); bs, caching, tables: as _file_event.
+        file_now = cruise and self.cruise
+        events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
             c = req.num_computed = req.num_computed + n
             req.synced = step + 1
@@ -259,11 +264,23 @@ class Scheduler:
                     continue
             if req.prompt_len + req.num_generated - c != 1:  # num_tokens - num_computed
                 all_decoding = False
+            elif file_now:  # self._file_event(req), inlined
+                quiet = len(tables[req.request_id]) * bs - c
+                to_finish = req.max_tokens - req.num_generated - 1
+                if to_finish < quiet:
+                    quiet = to_finish
+                if caching:
+                    to_fill = (bs - (c + 1) % bs) % bs
+                    if to_fill < quiet:
+                        quiet = to_fill
+                event = req.event_step = step + 1 + quiet
+                if event in events:
+                    events[event].append(req)
+                else:
+                    events[event] = [req]
         if self.cruise:
             if cruise and all_decoding:
-                for req, _ in scheduled:
-                    if req.status == RUNNING:
-                        self._file_event(req)
+                pass  # filed above
             elif all_decoding and all(r.num_tokens - r.num_computed == 1 for r in running):
                 self._events.clear()
                 for req in running:
