@@ -1,10 +1,12 @@
 """The KV cache policy the scheduler calls: vLLM V1's prefix-caching block manager.
 
-What the scheduler needs from a policy, in four calls (an SGLang-style radix cache
-would be a second class with the same four):
+What the scheduler needs from a policy, in five calls (an SGLang-style radix cache
+would be a second class with the same five):
 - `lookup(req)`: the cached blocks and tokens of the longest prefix hit;
 - `allocate_slots(req, num_new_tokens, hit_blocks, num_hit_tokens, full_sequence_must_fit)`:
   blocks for the request's next tokens, or None when the pool cannot give them;
+- `allocate_decode(req)`: `allocate_slots(req, 1)` for a decoding request, the call the
+  scheduler makes at every cruising event (a policy may simply forward it);
 - `free(req)`: release the request's blocks;
 - `block_ids(request_id)`: the request's block table.
 
@@ -37,6 +39,8 @@ class KVCachePolicy(Protocol):
         num_hit_tokens: int = 0,
         full_sequence_must_fit: bool = False,
     ) -> list[int] | None: ...
+
+    def allocate_decode(self, req: SimRequest) -> list[int] | None: ...
 
     def free(self, req: SimRequest) -> None: ...
 

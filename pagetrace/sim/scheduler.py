@@ -21,7 +21,11 @@ and the budget covers them all, a request's step changes nothing in the pool unl
 needs a new block, fills a block (which gets cached) or finishes. Such a request only counts
 tokens, so its counters are left to advance with the step number (`synced`) and it is
 touched only at its next event step; the others run exactly as above, in running order. A
-step with a prefill chunk runs every request explicitly.
+step with a prefill chunk runs every request explicitly. At an event the request asks the
+policy's `allocate_decode` (the one-token `allocate_slots` without its generic parts) and,
+after the step's update, files its next event at once. The whole observable behaviour (steps,
+tables, requests, pool) is pinned by digests taken before this was made fast
+(tests/test_sim_digest.py), with cruising on and off.
 """
 
 from __future__ import annotations
