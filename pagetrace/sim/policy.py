@@ -134,12 +134,13 @@ class VllmPrefixCaching:
         hit_blocks = hit_blocks or []
         total_computed = min(req.num_computed + num_hit_tokens, self.max_model_len)
         free = self.pool.num_free
+        full = -1
         if full_sequence_must_fit:  # `scheduler_reserve_full_isl`: the whole prompt must fit
             full = min(req.num_tokens, self.max_model_len)
             if self._num_blocks_to_allocate(rid, full, hit_blocks) > free:
                 return None
         need_slots = min(total_computed + num_new_tokens, self.max_model_len)
-        if self._num_blocks_to_allocate(rid, need_slots, hit_blocks) > free:
+        if need_slots != full and self._num_blocks_to_allocate(rid, need_slots, hit_blocks) > free:  # the same check if equal
             return None
         blocks = self.req_to_blocks.get(rid)
         if blocks is None:  # first allocation since admission: adopt the hits (`add_local_computed_blocks`)
