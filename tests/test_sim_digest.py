@@ -60,6 +60,21 @@ def _duplicates_trace() -> str:
     return _trace(out)
 
 
+def _multi_turn_trace() -> str:
+    """Conversations: each turn's prompt is the previous turn's prompt and output and new text,
+    so a prompt hits (or misses, evicted) blocks that were cached while decoding."""
+    out = []
+    for conv in range(12):
+        history: list[int] = []
+        for turn in range(5):
+            base = 100_000 * (conv + 1) + 10_000 * turn
+            prompt = history + list(range(base, base + 10 + (conv * 7 + turn * 11) % 40))
+            output = list(range(base + 5000, base + 5000 + 12 + (conv * 5 + turn * 13) % 50))
+            out.append({"id": f"c{conv}t{turn}", "prompt": prompt, "output": output, "arrival": 40 * turn + 3 * conv})
+            history = prompt + output
+    return _trace(out)
+
+
 def _long_trace() -> str:
     return _trace([{"id": f"L{i}", "prompt_len": 3000 + 1700 * i, "shared_prefix": 2000, "output_len": 30 + 7 * i,
                     "arrival": 3 * i} for i in range(8)])
@@ -82,6 +97,8 @@ WORKLOADS = {
                                   {"config": SchedulerConfig(max_num_batched_tokens=1000, max_num_seqs=4)}),
     "salts": (lambda: parse_trace(_salted_trace(), 16), 500, 16, {}),
     "duplicates": (lambda: parse_trace(_duplicates_trace(), 16), 120, 16, {}),
+    "multi_turn": (lambda: parse_trace(_multi_turn_trace(), 16), 2000, 16, {}),
+    "multi_turn_small": (lambda: parse_trace(_multi_turn_trace(), 8), 110, 8, {}),
     "caching_off": (lambda: synthetic(SyntheticSpec(requests=300, prompt_len=(10, 300), output_len=(5, 150), shared_prefix=64,
                                                     arrival_rate=1.0, seed=5)), 600, 16, {"enable_caching": False}),
     "sparse_arrivals": (lambda: synthetic(SyntheticSpec(requests=200, prompt_len=(16, 200), output_len=(1, 60), shared_prefix=32,
@@ -176,6 +193,7 @@ def test_workloads_reach_their_cases():
     assert fixture["shared_prefix"]["causes"]["hit"] > 0 and fixture["parallel"]["causes"]["hit"] > 0
     assert fixture["salts"]["causes"]["different extra key"] > 0
     assert fixture["caching_off"]["causes"]["hit"] == 0
+    assert fixture["multi_turn"]["causes"]["hit"] > 0 and fixture["multi_turn_small"]["causes"]["evicted"] > 0
 
 
 def test_digest_sees_a_one_token_change(monkeypatch):
