@@ -1,10 +1,12 @@
 """The KV cache policy the scheduler calls: vLLM V1's prefix-caching block manager.
 
-What the scheduler needs from a policy, in four calls (an SGLang-style radix cache
-would be a second class with the same four):
+What the scheduler needs from a policy, in five calls (an SGLang-style radix cache
+would be a second class with the same five):
 - `lookup(req)`: the cached blocks and tokens of the longest prefix hit;
 - `allocate_slots(req, num_new_tokens, hit_blocks, num_hit_tokens, full_sequence_must_fit)`:
   blocks for the request's next tokens, or None when the pool cannot give them;
+- `allocate_decode(req)`: `allocate_slots(req, 1)` for a decoding request, the call the
+  scheduler makes at every cruising event (a policy may simply forward it);
 - `free(req)`: release the request's blocks;
 - `block_ids(request_id)`: the request's block table.
 
@@ -37,6 +39,8 @@ class KVCachePolicy(Protocol):
         num_hit_tokens: int = 0,
         full_sequence_must_fit: bool = False,
     ) -> list[int] | None: ...
+
+    def allocate_decode(self, req: SimRequest) -> list[int] | None: ...
 
     def free(self, req: SimRequest) -> None: ...
 
@@ -130,12 +134,13 @@ class VllmPrefixCaching:
         hit_blocks = hit_blocks or []
         total_computed = min(req.num_computed + num_hit_tokens, self.max_model_len)
         free = self.pool.num_free
+        full = -1
         if full_sequence_must_fit:  # `scheduler_reserve_full_isl`: the whole prompt must fit
             full = min(req.num_tokens, self.max_model_len)
             if self._num_blocks_to_allocate(rid, full, hit_blocks) > free:
                 return None
         need_slots = min(total_computed + num_new_tokens, self.max_model_len)
-        if self._num_blocks_to_allocate(rid, need_slots, hit_blocks) > free:
+        if need_slots != full and self._num_blocks_to_allocate(rid, need_slots, hit_blocks) > free:  # the same check if equal
             return None
         blocks = self.req_to_blocks.get(rid)
         if blocks is None:  # first allocation since admission: adopt the hits (`add_local_computed_blocks`)
@@ -149,6 +154,60 @@ class VllmPrefixCaching:
         if self.enable_caching:
             # Cache what is computed after this step, never past the known tokens.
             self._cache_blocks(req, blocks, min(total_computed + num_new_tokens, req.num_tokens))
+        return new_blocks
+
+    def allocate_decode(self, req: SimRequest) -> list[int] | None:
+        """`allocate_slots(req, 1)` for a running request one token short of its known tokens
+        (a decode step), with the same effect: at most one new block, popped off the free
+        queue's head, and at most one newly full block, hashed and cached. The scheduler's
+        cruising steps call this at every event; anything unusual takes the general path."""
+        c = req.num_computed
+        if c + 1 > self.max_model_len or req.prompt_len + req.num_generated != c + 1:
+            return self.allocate_slots(req, 1)
+        rid = req.request_id
+        blocks = self.req_to_blocks[rid]
+        bs, pool = self.block_size, self.pool
+        if c == len(blocks) * bs:  # its next token starts a block: get_new_blocks(1), inlined
+            queue = pool.queue
+            if not queue.num_free:
+                return None
+            nxt, prev = queue.next, queue.prev
+            head = queue.head
+            b = nxt[head]
+            following = nxt[b]
+            nxt[head], prev[following] = following, head
+            nxt[b] = prev[b] = -1
+            queue.num_free -= 1
+            if pool.block_hash[b] is not None:
+                pool._uncache(b)
+                pool.evictions += 1
+            pool.ref_cnt[b] += 1
+            blocks.append(b)
+            new_blocks = [b]
+        else:
+            new_blocks = []
+        full = (c + 1) // bs
+        if self.enable_caching and full > self.num_cached_block[rid]:  # its token fills a block
+            i = full - 1
+            hashes = req.block_hashes
+            if self.num_cached_block[rid] != i or len(hashes) != i or req.cache_salt is not None:
+                self._cache_blocks(req, blocks, c + 1)
+                return new_blocks
+            # update_hashes for one block, then _cache_blocks for it, inlined (same tuple, same hash)
+            p, start = req.prompt_len, i * bs
+            tokens = tuple(req.output[start - p : full * bs - p]) if start >= p else req.token_slice(start, full * bs)
+            h = hash((hashes[-1] if i else None, tokens, None))
+            hashes.append(h)
+            b = blocks[i]
+            if pool.block_hash[b] is None:
+                pool.block_hash[b] = h
+                cached = pool.cached
+                if h in cached:
+                    cached[h][b] = None
+                else:
+                    cached[h] = {b: None}
+            self.ever_cached.add(h)
+            self.num_cached_block[rid] = full
         return new_blocks
 
     def _cache_blocks(self, req: SimRequest, blocks: list[int], num_tokens: int) -> None:

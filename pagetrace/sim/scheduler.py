@@ -21,7 +21,11 @@ and the budget covers them all, a request's step changes nothing in the pool unl
 needs a new block, fills a block (which gets cached) or finishes. Such a request only counts
 tokens, so its counters are left to advance with the step number (`synced`) and it is
 touched only at its next event step; the others run exactly as above, in running order. A
-step with a prefill chunk runs every request explicitly.
+step with a prefill chunk runs every request explicitly. At an event the request asks the
+policy's `allocate_decode` (the one-token `allocate_slots` without its generic parts) and,
+after the step's update, files its next event at once. The whole observable behaviour (steps,
+tables, requests, pool) is pinned by digests taken before this was made fast
+(tests/test_sim_digest.py), with cruising on and off.
 """
 
 from __future__ import annotations
@@ -161,15 +165,23 @@ class Scheduler:
         admitted: list[str] = []
 
         if cruise:  # only the requests with an event; every other running request takes its one token
-            bucket = {id(r): r for r in self._events.pop(step, ()) if r.event_step == step}  # stale entries dropped
-            due = sorted(bucket.values(), key=_by_seq)
-            for req in due:
-                if req.status != RUNNING:  # preempted earlier in this step
+            # A request filed twice for this step, or filed before a preemption, is skipped:
+            # its event_step has moved on (every new event is after this step) or it is not running.
+            for req in sorted(self._events.pop(step, ()), key=_by_seq):
+                if req.event_step != step or req.status != RUNNING:
                     continue
-                self._sync(req, step)
-                new_blocks = self._allocate_running(req, 1, preempted)
-                if new_blocks is None:
-                    break
+                req.event_step = -1  # a second entry for it is stale
+                d = step - req.synced  # self._sync(req, step), inlined
+                req.num_computed += d
+                req.num_generated += d
+                req.synced = step
+                new_blocks = policy.allocate_decode(req)
+                if new_blocks is None:  # the pool is out of blocks: preempt until it fits
+                    new_blocks = self._allocate_running(req, 1, preempted)
+                    if new_blocks is None:
+                        break
+                else:
+                    self._held_slots += len(new_blocks) * policy.block_size
                 allocated += len(new_blocks)
                 scheduled.append((req, 1))
             budget = cfg.max_num_batched_tokens - len(running)
@@ -238,6 +250,10 @@ class Scheduler:
         self._computed += tokens
         finished: list[str] = []
         all_decoding = True
+        # While cruising, each request still decoding files its next event at once (a
+        # prefill chunk anywhere clears them all below); bs, caching, tables: as _file_event.
+        file_now = cruise and self.cruise
+        events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
             c = req.num_computed = req.num_computed + n
             req.synced = step + 1
@@ -252,11 +268,23 @@ class Scheduler:
                     continue
             if req.prompt_len + req.num_generated - c != 1:  # num_tokens - num_computed
                 all_decoding = False
+            elif file_now:  # self._file_event(req), inlined
+                quiet = len(tables[req.request_id]) * bs - c
+                to_finish = req.max_tokens - req.num_generated - 1
+                if to_finish < quiet:
+                    quiet = to_finish
+                if caching:
+                    to_fill = (bs - (c + 1) % bs) % bs
+                    if to_fill < quiet:
+                        quiet = to_fill
+                event = req.event_step = step + 1 + quiet
+                if event in events:
+                    events[event].append(req)
+                else:
+                    events[event] = [req]
         if self.cruise:
             if cruise and all_decoding:
-                for req, _ in scheduled:
-                    if req.status == RUNNING:
-                        self._file_event(req)
+                pass  # filed above
             elif all_decoding and all(r.num_tokens - r.num_computed == 1 for r in running):
                 self._events.clear()
                 for req in running:
