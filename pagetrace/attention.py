@@ -52,10 +52,10 @@ GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_bloc
 GPU_ROWS = 16  # query rows (tokens x padded group) per prefill tile
 GPU_PREFILL_BLOCK_N = 32  # keys per prefill tile, 16-bit queries
 # fp32 queries take IEEE dots, run as FMAs whose operands sit in registers: half the keys,
-# and rows x padded head_dim at most GPU_FP32_ROW_ELEMENTS (8 rows at head_dim 512), the
-# largest tiles that compile without a spill on both archs (bench/compile_report.py --prefill).
+# and 8 rows from head_dim 256 on (16 rows spilled 32 B there on sm_90, 364-472 B at 512),
+# the largest tiles that compile without a spill on both archs (bench/compile_report.py --prefill).
 GPU_FP32_PREFILL_BLOCK_N = 16
-GPU_FP32_ROW_ELEMENTS = 16 * 256
+GPU_FP32_ROW_ELEMENTS = 16 * 128  # rows x padded head_dim, never under 8 rows
 GPU_PARTITION = 512  # the longest decode split-K partition on a GPU; shorter when the batch is small
 GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
@@ -107,7 +107,7 @@ def gpu_prefill_tiles(head_dim: int, element_size: int) -> tuple[int, int]:
     if element_size < 4:
         return GPU_ROWS, block_n
     width = 1 << max(4, (head_dim - 1).bit_length())
-    return max(1, min(GPU_ROWS, GPU_FP32_ROW_ELEMENTS // width)), min(block_n, GPU_FP32_PREFILL_BLOCK_N)
+    return max(8, min(GPU_ROWS, GPU_FP32_ROW_ELEMENTS // width)), min(block_n, GPU_FP32_PREFILL_BLOCK_N)
 
 
 def gpu_partition_size(max_seq_len: int, num_tiles: int, num_kv_heads: int, block_n: int, num_sms: int, prefill: bool = False) -> int:

@@ -183,12 +183,13 @@ def test_gpu_tile_sizes_fit_shared_memory():
 
 def test_gpu_prefill_tiles_by_dtype_and_head_dim():
     """vLLM's prefill tiles (16 rows, 32 keys) for 16-bit queries; fp32 halves the keys and
-    narrows the rows at head_dim 512, where 16 rows spilled (bench/README.md)."""
+    narrows the rows from head_dim 256 on, where 16 rows spilled (bench/README.md)."""
     from pagetrace.attention import gpu_block_n, gpu_prefill_tiles
 
     assert gpu_prefill_tiles(128, 2) == (16, 32)
     assert gpu_prefill_tiles(512, 2) == (16, 16)
     assert gpu_prefill_tiles(128, 4) == (16, 16)
+    assert gpu_prefill_tiles(256, 4) == (8, 16)
     assert gpu_prefill_tiles(512, 4) == (8, 16)
     for head_dim in (8, 64, 80, 128, 256, 512):
         for size in (2, 4):
