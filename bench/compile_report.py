@@ -4,6 +4,7 @@ would make, compiled for sm_90 and sm_80 with Triton's own ptxas.
     python bench/compile_report.py                  # the representative configs (as CI compiles)
     python bench/compile_report.py --full           # the full matrix (pagetrace/compile_matrix.py)
     python bench/compile_report.py --fixes --save after.json --compare bench/compile_before.json
+    python bench/compile_report.py --prefill --save after.json --compare before.json
 
 Per launch: registers and spill bytes per thread (ptxas -v), shared memory, the width of
 each tensor's global loads (from the PTX line info: "16B cp.async" is a pipelined 16-byte
@@ -12,6 +13,8 @@ resident per SM (registers, shared memory, threads) and the grid in waves of tho
 
 --fixes compiles the configs behind issue 10's fixes; --compare prints them against a
 saved run of an older kernel (see bench/README.md for how bench/compile_before.json was made).
+--prefill compiles every prefill config of the full matrix and prints, per (arch, dtype,
+head_dim, GQA group), the worst partition launch: spills, registers, shared memory, tiles.
 """
 
 from __future__ import annotations
@@ -101,10 +104,44 @@ def compare(before: list[Compiled], after: list[Compiled]) -> list[str]:
     return rows
 
 
+def prefill_rows(records: list[Compiled]) -> dict[tuple, dict[str, str]]:
+    """The prefill partition launches by (arch, dtype, head_dim, group): the worst figures."""
+    groups: dict[tuple, list[Compiled]] = {}
+    for r in records:
+        if r.kernel.endswith("partition") and not r.config.decode and not r.error:
+            c = r.config
+            groups.setdefault((r.arch, c.cache_dtype or c.dtype, c.head_dim, c.num_heads // c.num_kv_heads), []).append(r)
+    out = {}
+    for key, rs in sorted(groups.items()):
+        tiles = sorted({(r.constexprs["BLOCK_Q"] * r.constexprs["GROUP_P"], r.constexprs["BLOCK_N"]) for r in rs})
+        out[key] = {
+            "configs": str(len(rs)),
+            "spills (max)": f"{max(r.spill_bytes for r in rs)} B",
+            "registers (max)": str(max(r.registers for r in rs)),
+            "smem (max)": f"{max(r.shared_bytes for r in rs) / 1024:.0f} KiB",
+            "rows x keys": ", ".join(f"{m}x{n}" for m, n in tiles),
+            "dot": "/".join(sorted({r.dot for r in rs})),
+        }
+    return out
+
+
+def prefill_table(records: list[Compiled], before: list[Compiled] | None = None) -> list[str]:
+    after = prefill_rows(records)
+    old = prefill_rows(before) if before else {}
+    figures = list(next(iter(after.values()), {}))
+    rows = ["| arch | dtype | head_dim | group | " + " | ".join(figures) + " |", "|---" * (len(figures) + 4) + "|"]
+    for key, cells in after.items():
+        b = old.get(key, cells)
+        shown = [cells[f] if b[f] == cells[f] else f"{b[f]} → **{cells[f]}**" for f in figures]
+        rows.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(shown) + " |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", action="store_true", help="the full matrix, not the representative configs")
     parser.add_argument("--fixes", action="store_true", help="the configs behind issue 10's fixes")
+    parser.add_argument("--prefill", action="store_true", help="every prefill config of the full matrix, worst figures per dtype/head_dim/group")
     parser.add_argument("--arch", default=",".join(ARCH_NAMES), help="comma-separated, of " + ", ".join(ARCH_NAMES))
     parser.add_argument("--jobs", type=int, help="worker processes (default: one per core, at most 8)")
     parser.add_argument("--kernel", default="", help="only the launches whose kernel name contains this (e.g. partition)")
@@ -112,7 +149,9 @@ def main() -> None:
     parser.add_argument("--compare", type=Path, help="a --save file of an older kernel: print before/after")
     args = parser.parse_args()
 
-    if args.fixes:
+    if args.prefill:
+        configs = [c for c in full_matrix() if not c.decode]
+    elif args.fixes:
         configs = list(dict.fromkeys(c for group in fixes_configs().values() for c in group))
     else:
         configs = full_matrix() if args.full else representative()
@@ -125,7 +164,10 @@ def main() -> None:
         args.save.write_text(json.dumps([asdict(r) for r in records], indent=0))
     variants = len({r.key for r in records})
     print(f"# {len(configs)} configs, {len(records)} launches, {variants} distinct variants, compiled in {took:.0f} s\n")
-    if args.compare:
+    if args.prefill:
+        before = [from_record(r) for r in json.loads(args.compare.read_text())] if args.compare else None
+        print("\n".join(prefill_table(records, before)))
+    elif args.compare:
         before = [from_record(r) for r in json.loads(args.compare.read_text())]
         print("\n".join(compare(before, records)))
     else:

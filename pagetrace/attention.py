@@ -44,7 +44,18 @@ INTERPRET_BLOCK_N = 128
 INTERPRET_ROWS = 128  # query rows (tokens x grouped heads) per tile under the interpreter
 INTERPRET_PARTITION = 4096
 GPU_BLOCK_N = 64  # tokens per tile on a GPU, fewer for wide heads (see gpu_block_n)
-GPU_ROWS = 64  # query rows per tile on a GPU (prefill)
+# Prefill tiles on a GPU, as vLLM's unified Triton attention picks them
+# (vllm/v1/attention/ops/triton_unified_attention.py, vllm 0.32: BLOCK_M = 16 query rows
+# while the GQA group fits, TILE_SIZE_PREFILL = 32 keys, Triton's default 4 warps and 3
+# stages). The 64-row tiles used before spilled 1-2 KB per thread with 16-bit dtypes and
+# 30-48 KB with fp32 on sm_80 and sm_90 (bench/README.md, "Prefill tiles").
+GPU_ROWS = 16  # query rows (tokens x padded group) per prefill tile
+GPU_PREFILL_BLOCK_N = 32  # keys per prefill tile, 16-bit queries
+# fp32 queries take IEEE dots, run as FMAs whose operands sit in registers: half the keys,
+# and 8 rows from head_dim 256 on (16 rows spilled 32 B there on sm_90, 364-472 B at 512),
+# the largest tiles that compile without a spill on both archs (bench/compile_report.py --prefill).
+GPU_FP32_PREFILL_BLOCK_N = 16
+GPU_FP32_ROW_ELEMENTS = 16 * 128  # rows x padded head_dim, never under 8 rows
 GPU_PARTITION = 512  # the longest decode split-K partition on a GPU; shorter when the batch is small
 GPU_PROGRAMS_PER_SM = 2  # partition programs wanted per SM before partitions stop shrinking
 GPU_TILE_BYTES = 16 * 1024  # one K (or V) tile in shared memory
@@ -88,6 +99,15 @@ def gpu_block_n(head_dim: int, element_size: int) -> int:
     width = 1 << max(4, (head_dim - 1).bit_length())
     fit = GPU_TILE_BYTES // (width * element_size)
     return max(16, min(GPU_BLOCK_N, 1 << max(0, fit.bit_length() - 1)))
+
+
+def gpu_prefill_tiles(head_dim: int, element_size: int) -> tuple[int, int]:
+    """(query rows, keys) per tile of a prefill launch on a GPU (see GPU_ROWS)."""
+    block_n = min(gpu_block_n(head_dim, element_size), GPU_PREFILL_BLOCK_N)
+    if element_size < 4:
+        return GPU_ROWS, block_n
+    width = 1 << max(4, (head_dim - 1).bit_length())
+    return max(8, min(GPU_ROWS, GPU_FP32_ROW_ELEMENTS // width)), min(block_n, GPU_FP32_PREFILL_BLOCK_N)
 
 
 def gpu_partition_size(max_seq_len: int, num_tiles: int, num_kv_heads: int, block_n: int, num_sms: int, prefill: bool = False) -> int:
@@ -139,10 +159,14 @@ def plan_kernel(
     head_dim = query.shape[-1]
     group = query.shape[1] // batch.num_kv_heads
     max_seq_len = max(batch.seq_lens)
-    block_q = query_block(batch.query_lens, group, GPU_ROWS if on_gpu else INTERPRET_ROWS)
+    if on_gpu and max(batch.query_lens, default=1) > 1:  # prefill, a chunk, or a mixed batch
+        rows, gpu_n = gpu_prefill_tiles(head_dim, query.element_size())
+    else:  # decode on a GPU (one token per sequence: BLOCK_Q 1 whatever the rows), or the interpreter
+        rows, gpu_n = INTERPRET_ROWS, gpu_block_n(head_dim, query.element_size())
+    block_q = query_block(batch.query_lens, group, rows)
     tiles = kernel.query_tiles(batch.query_lens, block_q, query.device)
     if on_gpu:
-        block_n = block_n or gpu_block_n(head_dim, query.element_size())
+        block_n = block_n or gpu_n
         num_sms = num_sms or sm_count(query.device)
         partition_size = partition_size or gpu_partition_size(max_seq_len, len(tiles[0]), batch.num_kv_heads, block_n, num_sms, prefill=block_q > 1)
     else:

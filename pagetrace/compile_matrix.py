@@ -75,7 +75,8 @@ def full_matrix() -> list[Config]:
 
 def representative() -> list[Config]:
     """The production decode configs at block size 16, 32/8 heads, the extremes, an fp8
-    cache, and prefill: a whole prompt, a chunk beside a decode, and every masking feature."""
+    cache, and prefill: a whole prompt, a chunk beside a decode, every masking feature,
+    fp32/fp16/bf16 at head_dim 64 and 128, and fp8 caches."""
     out = [
         Config(layout, dtype, 16, head_dim, 32, 8, (4096,) * 16)
         for layout, dtype, head_dim in itertools.product(("nhd", "hnd", "vllm"), ("fp16", "bf16"), (64, 128))
@@ -94,6 +95,12 @@ def representative() -> list[Config]:
         Config("nhd", "fp16", 16, 128, 32, 8, (512,), query_lens=(512,)),
         Config("vllm", "bf16", 16, 128, 32, 8, (4096, 1000), query_lens=(256, 1), sliding_window=1024),
         Config("hnd", "fp32", 3, 64, 8, 1, (600,), True, (77,), soft_cap=30.0, alibi=True),
+        # prefill tiles by dtype and head_dim (attention.gpu_prefill_tiles): fp32 with GQA, a
+        # 16-bit head_dim 64 without it, and fp8 caches (e4m3 is refused on sm_80)
+        Config("nhd", "fp32", 16, 128, 32, 8, (512,), query_lens=(512,)),
+        Config("vllm", "bf16", 16, 64, 8, 8, (1024,), query_lens=(300,)),
+        Config("nhd", "fp16", 16, 128, 32, 8, (512,), query_lens=(512,), cache_dtype="fp8_e5m2"),
+        Config("vllm", "bf16", 16, 128, 64, 8, (512,), query_lens=(512,), cache_dtype="fp8"),
     ]
     return out
 

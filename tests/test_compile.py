@@ -64,6 +64,18 @@ def test_production_keys_and_values_load_16_bytes_at_a_time_in_every_layout(comp
     assert not narrow, "\n".join(narrow)
 
 
+def test_prefill_never_spills(compiled):
+    """Prefill tiles (several query tokens x the group) fit the registers for every dtype:
+    64-row tiles spilled 144 B (fp16, sm_80) to 36 KB (fp32) per thread."""
+    prefill = [r for r in compiled if not r.config.decode and not r.error]
+    seen = {(r.config.cache_dtype or r.config.dtype, r.config.head_dim) for r in prefill}
+    assert {("fp32", 64), ("fp32", 128), ("bf16", 64), ("bf16", 128), ("fp16", 128), ("fp8", 128), ("fp8_e5m2", 128)} <= seen
+    assert {r.config.num_heads // r.config.num_kv_heads for r in prefill} >= {1, 4, 8}
+    assert {r.arch for r in prefill if r.config.cache_dtype == "fp8"} == {"sm_90"}  # e4m3 only compiles from sm_89
+    spilled = [f"{r.arch} {r.config.label} {r.kernel}: {r.spill_bytes} B, {r.registers} registers" for r in prefill if r.spill_bytes]
+    assert not spilled, "\n".join(spilled)
+
+
 def test_growing_contexts_reuse_one_compiled_variant():
     """A context that grows (and the batch's longest sequence with it) changes the grid and
     the partition length, never the compiled kernel."""

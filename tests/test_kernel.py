@@ -181,6 +181,22 @@ def test_gpu_tile_sizes_fit_shared_memory():
             assert n == 16 or n * max(16, 1 << (head_dim - 1).bit_length()) * size <= GPU_TILE_BYTES
 
 
+def test_gpu_prefill_tiles_by_dtype_and_head_dim():
+    """vLLM's prefill tiles (16 rows, 32 keys) for 16-bit queries; fp32 halves the keys and
+    narrows the rows from head_dim 256 on, where 16 rows spilled (bench/README.md)."""
+    from pagetrace.attention import gpu_block_n, gpu_prefill_tiles
+
+    assert gpu_prefill_tiles(128, 2) == (16, 32)
+    assert gpu_prefill_tiles(512, 2) == (16, 16)
+    assert gpu_prefill_tiles(128, 4) == (16, 16)
+    assert gpu_prefill_tiles(256, 4) == (8, 16)
+    assert gpu_prefill_tiles(512, 4) == (8, 16)
+    for head_dim in (8, 64, 80, 128, 256, 512):
+        for size in (2, 4):
+            rows, n = gpu_prefill_tiles(head_dim, size)
+            assert rows & (rows - 1) == 0 and n >= 16 and n & (n - 1) == 0 and n <= gpu_block_n(head_dim, size)
+
+
 def test_interpreter_after_triton_import_is_a_clear_failure():
     import os
     import subprocess
