@@ -91,7 +91,7 @@ def simulate(
                 text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        workload = parse_trace(text, block_size)
+        workload = parse_trace(text, block_size, trace)
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)

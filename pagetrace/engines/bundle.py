@@ -16,6 +16,7 @@ through NumPy, so `check` and `lookup --from` never import torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -33,11 +34,12 @@ INDEX_TENSORS = ("query_start_loc", "seq_lens", "block_table", "block_counts", "
 
 
 class BundleError(UsageError):
-    """A bundle that cannot be read: names the file and the field."""
+    """A bundle that cannot be read: names the file and the field (None: the whole file)."""
 
-    def __init__(self, file: str | Path, field_name: str, reason: str) -> None:
-        super().__init__(f"{file}: {field_name}", "", reason)
-        self.args = (f"malformed bundle: {file}: {field_name}: {reason}",)
+    def __init__(self, file: str | Path, field_name: str | None, reason: str) -> None:
+        where = f"{file}: {field_name}" if field_name else str(file)
+        super().__init__(where, "", reason)
+        self.args = (f"malformed bundle: {where}: {reason}",)
 
     def __str__(self) -> str:
         return self.args[0]
@@ -121,8 +123,8 @@ def _get(doc: dict, key: str, kind, file, prefix: str = "", optional: bool = Fal
     value = doc[key]
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise BundleError(file, name, f"must be an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise BundleError(file, name, f"must be a number, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise BundleError(file, name, f"must be a finite number, got {value!r}")
     if kind in (str, list, dict) and not isinstance(value, kind):
         raise BundleError(file, name, f"must be a {kind.__name__}, got {type(value).__name__}")
     return value
@@ -136,9 +138,11 @@ def read_manifest(path: str | Path) -> Manifest:
     try:
         doc = json.loads(file.read_text())
     except FileNotFoundError:
-        raise BundleError(file, "manifest.json", "is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(file, "manifest.json", f"is not readable JSON ({exc})") from None
+        raise BundleError(file, None, "is missing") from None
+    except IsADirectoryError:
+        raise BundleError(file, None, "is a folder, not a file") from None
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, or a number past Python's 4,300 digits
+        raise BundleError(file, None, f"is not readable JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BundleError(file, "format", f"must be {FORMAT!r}")
     if _get(doc, "version", int, file) != VERSION:
