@@ -61,6 +61,7 @@ class SequenceReport:
     query_row: int = 0  # the row of the query (and of the trace) the tables show
     query: int = 0  # which of the sequence's new tokens that is
     query_position: int = 0  # its position in the sequence
+    block_masked: list[tuple[int, int]] = field(default_factory=list)  # per logical block, keys that query does not see: (causal, window)
 
 
 @dataclass
@@ -155,8 +156,18 @@ def build_report(
         per_token = w.mean(dim=0)
         cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), per_token.double().cumsum(0)])
         mass = [float(cumulative[span.last_token + 1] - cumulative[span.first_token]) for span in spans]
-        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token, r, q, n - len(rows_of_seq) + q))
+        masked = _masked_per_block(mask[r, :n], [(span.first_token, span.last_token) for span in spans])
+        reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token, r, q, n - len(rows_of_seq) + q,
+                                      block_masked=masked))
     return reports
+
+
+def _masked_per_block(states: torch.Tensor, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Per block (first..last token): how many keys are causal-masked and window-masked."""
+    zero = torch.zeros(1, dtype=torch.long)
+    causal = torch.cat([zero, (states == 1).long().cumsum(0)]).tolist()
+    window = torch.cat([zero, (states == 2).long().cumsum(0)]).tolist()
+    return [(causal[b + 1] - causal[a], window[b + 1] - window[a]) for a, b in blocks]
 
 
 def mask_map(trace, seq: int, seq_len: int, block_size: int, limit: int = 16) -> list[tuple[int, str]]:

@@ -55,3 +55,35 @@ def test_variants_are_checked_against_the_reference(capsys, extra):
 ])
 def test_bad_prefill_options(capsys, args, option):
     assert_usage_error(cli(capsys, "run", "--tokens", "38", *args), option)
+
+
+def test_prefill_diagram_shades_masked_keys(capsys, tmp_path):
+    """Query 2 of 6 in a 38-token sequence sits at p = 34; with a window of 9 it sees keys 26..34.
+    Each drawn logical block says how many of its keys that query does not see, and a block it
+    sees none of is drawn in the masked colour, not by its (zero) attention mass."""
+    import re
+
+    from pagetrace.diagram.style import MASKED_FILL
+
+    dot = tmp_path / "m.dot"
+    code, _, err = cli(capsys, "run", "--tokens", "38,20", "--query-len", "6,1", "--sliding-window", "9", "--query", "2", "--dot", str(dot))
+    assert code == 0, err
+    cells = {m["id"]: m for m in (dict(re.findall(r'(\w+)="([^"]*)"', td)) for td in re.findall(r"<td [^>]*>", dot.read_text())) if "id" in m}
+    p, w = 34, 9
+    for b, (first, last) in enumerate([(0, 15), (16, 31), (32, 37)]):
+        keys = range(first, last + 1)
+        causal = sum(t > p for t in keys)
+        window = sum(t <= p - w for t in keys)
+        cell = cells[f"s0_l{b}"]
+        if causal + window:
+            assert f"{causal + window} of its {len(keys)} keys masked for the shown query ({causal} causal, {window} window)" in cell["title"]
+        else:
+            assert "masked" not in cell["title"]
+        assert (cell["bgcolor"] == MASKED_FILL) == (causal + window == len(keys)), cell
+    # seq 1 decodes its last token at p = 19: keys 0..10 fall outside the window
+    assert "11 of its 16 keys masked for the shown query (0 causal, 11 window)" in cells["s1_l0"]["title"]
+    assert "masked" not in cells["s1_l1"]["title"]
+    assert "keys the shown query does not see" in dot.read_text()
+    code, _, err = cli(capsys, "run", "--tokens", "38", "--dot", str(dot))  # decode: nothing is masked, no legend line
+    assert code == 0, err
+    assert "masked" not in dot.read_text()

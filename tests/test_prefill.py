@@ -9,12 +9,13 @@ sees keys t <= p, and with a window w only t > p - w.
 """
 
 import math
+from unittest import mock
 
 import pytest
 import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
-from pagetrace import paged_attention
+from pagetrace import paged_attention, torch_path
 from pagetrace.layouts import KERNEL_LAYOUTS, LAYOUTS
 from pagetrace.reference import layout_cache
 
@@ -100,10 +101,13 @@ def check(args, keys, values, seq_lens, q_lens, dtype, backend, *, tables=None, 
     want, scores, state = reference(args["query"].cpu(), keys, values, seq_lens, q_lens, scale, kw.get("sliding_window"),
                                     kw.get("soft_cap"), kw.get("alibi_slopes"))
     tol = TOL[dtype]
-    got = out.double().cpu()
     assert out.shape == args["query"].shape and out.dtype == args["query"].dtype
-    bad = (got - want).abs() > tol * (1 + want.abs())
-    assert not bad.any(), f"{int(bad.sum())} outputs off, max diff {float((got - want).abs().max())}"
+    assert_close_to(out, want, tol)
+    if backend == "torch":  # untraced, the torch path reads blocks in chunks: one block a chunk, the default, and SDPA past the score limit
+        for chunk_bytes, scores_bytes in ((1, torch_path.SCORES_BYTES), (torch_path.CHUNK_BYTES, torch_path.SCORES_BYTES), (torch_path.CHUNK_BYTES, 0)):
+            with mock.patch.object(torch_path, "CHUNK_BYTES", chunk_bytes), mock.patch.object(torch_path, "SCORES_BYTES", scores_bytes):
+                plain = paged_attention(**args, layout=variant.get("layout", "nhd"), backend=backend, **kw)
+            assert_close_to(plain, want, tol, f"untraced, {chunk_bytes}-byte chunks, {scores_bytes}-byte score limit")
     assert torch.equal(trace.mask.long().cpu(), state), "mask states differ"
     have = ~torch.isnan(scores)
     assert torch.equal(have, ~torch.isnan(trace.logits.cpu())), "scores recorded for other keys than the sequence's"
@@ -122,6 +126,12 @@ def check(args, keys, values, seq_lens, q_lens, dtype, backend, *, tables=None, 
             for s, (n, ql) in enumerate(zip(seq_lens, q_lens)):
                 assert trace.partitions[s, :n].tolist() == [t // partition_size if ql else -1 for t in range(n)]
     return out, trace
+
+
+def assert_close_to(out, want, tol, what=""):
+    got = out.double().cpu()
+    bad = (got - want).abs() > tol * (1 + want.abs())
+    assert not bad.any(), f"{what}: {int(bad.sum())} outputs off, max diff {float((got - want).abs().max())}"
 
 
 # a mixed batch: decode, a whole prompt, a chunk longer than a block after some context, an idle sequence

@@ -354,7 +354,8 @@ def run(
     view = MappingView(
         block_size=setup.plan.block_size,
         num_blocks=setup.plan.num_blocks,
-        sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass) for r in result.reports],
+        sequences=[SequenceMap(f"seq {r.index}", r.seq_len, r.table, attention_mass=r.block_mass,
+                               masked=r.block_masked if any(c or w for c, w in r.block_masked) else None) for r in result.reports],
         highlight=(setup.seq, setup.token) if setup.token is not None else None,
     )
     saved, diagram_failure = None, None

@@ -70,8 +70,9 @@ def check_view(view: MappingView) -> list[int]:
         if low < 0 or high >= view.num_blocks:
             bad = low if low < 0 else high
             _entry_out_of_range(view, seq, used.index(bad))
-        if seq.attention_mass is not None and len(seq.attention_mass) < n:
-            raise ValueError(f"{seq.name}: attention_mass has {len(seq.attention_mass)} entries for {n} logical blocks")
+        for name, per_block in (("attention_mass", seq.attention_mass), ("masked", seq.masked)):
+            if per_block is not None and len(per_block) < n:
+                raise ValueError(f"{seq.name}: {name} has {len(per_block)} entries for {n} logical blocks")
         needed.append(n)
     if view.show_slots and bs > MAX_SLOTS_BLOCK_SIZE:
         raise UsageError("--slots", bs, f"slots are drawn for block sizes up to {MAX_SLOTS_BLOCK_SIZE}; use --no-slots")
@@ -377,7 +378,17 @@ def _logical_cell(view: MappingView, s: int, first: int, last: int, physical: in
     seq, bs = view.sequences[s], view.block_size
     last_token = min((last + 1) * bs, seq.seq_len) - 1
     mass = None if seq.attention_mass is None else float(sum(seq.attention_mass[first : last + 1]))
-    return LogicalCell(s, first, last, physical, first * bs, last_token, last_token - last * bs + 1, mass, traced)
+    causal, window = _masked(seq, first, last)
+    return LogicalCell(s, first, last, physical, first * bs, last_token, last_token - last * bs + 1, mass, traced,
+                       causal=causal, window=window)
+
+
+def _masked(seq: SequenceMap, first: int, last: int) -> tuple[int, int]:
+    """Keys of logical blocks first..last the query does not see: (causal, window)."""
+    if seq.masked is None:
+        return 0, 0
+    run = seq.masked[first : last + 1]
+    return sum(c for c, _ in run), sum(w for _, w in run)
 
 
 def _elided_cell(view: MappingView, s: int, starts, i: int, j: int) -> LogicalCell:
@@ -389,4 +400,6 @@ def _elided_cell(view: MappingView, s: int, starts, i: int, j: int) -> LogicalCe
     if seq.attention_mass is not None:
         bounds = [int(b) for b in starts[i : j + 2]]
         mass = float(sum(float(sum(seq.attention_mass[a:b])) for a, b in zip(bounds, bounds[1:])))
-    return LogicalCell(s, first, last, -1, first * bs, last_token, last_token - last * bs + 1, mass, elided=True)
+    causal, window = _masked(seq, first, last)
+    return LogicalCell(s, first, last, -1, first * bs, last_token, last_token - last * bs + 1, mass, elided=True,
+                       causal=causal, window=window)

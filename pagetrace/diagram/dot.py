@@ -17,6 +17,8 @@ from .style import (
     FONT,
     FREE_FILL,
     FREE_TEXT,
+    MASKED_FILL,
+    MASKED_TEXT,
     MASS_DARK_FROM,
     MASS_FILL,
     MIXED_FILL,
@@ -49,6 +51,8 @@ def logical_tooltip(cell: LogicalCell, cells: Cells) -> str:
         text = f"{name}: logical blocks {span(cell.first, cell.last)} -> physical blocks {span(cell.physical, cell.physical + cell.blocks - 1)}; {tokens}"
     if cell.mass is not None:
         text += f"; attention mass {cell.mass:.4f}"
+    if cell.masked:
+        text += f"; {cell.masked} of its {cell.tokens} keys masked for the shown query ({cell.causal} causal, {cell.window} window)"
     if cell.traced and cells.traced is not None:
         t = cells.traced
         text += f"; traced token {t.token} at offset {t.offset}"
@@ -149,8 +153,14 @@ def _logical_td(cell: LogicalCell, cells: Cells) -> str:
             _text(f"tokens {tokens}", 9, text_colour),
             _text(f"-> blocks {phys}", 9, text_colour),
         ]
-    if cell.mass is not None:
-        lines.append(_text(f"attn {percent(cell.mass)}", 9, text_colour))
+    if cell.masked == cell.tokens:  # the shown query sees none of these keys (their mass is 0: light text already)
+        fill, what = MASKED_FILL, ("causal" if not cell.window else "window" if not cell.causal else "causal+window")
+        lines.append(_text(f"masked ({what})", 9, MASKED_TEXT))
+    else:
+        if cell.mass is not None:
+            lines.append(_text(f"attn {percent(cell.mass)}", 9, text_colour))
+        if cell.masked:
+            lines.append(_text(f"{cell.masked} masked", 9, text_colour))
     return _td(
         "<br/>".join(lines),
         port=cell.port,
@@ -233,6 +243,8 @@ def _legend_label(cells: Cells) -> str:
         rows.append(swatch(MIXED_FILL, border=1) + _td(_text("blocks no arrow points to, summed up", 9), align="left"))
     if cells.traced is not None:
         rows.append(swatch("white", border=3, color=TRACE) + _td(_text(f"traced token {cells.traced.token}", 9), align="left"))
+    if any(c.masked for cells_of_seq in cells.sequences for c in cells_of_seq):
+        rows.append(swatch(MASKED_FILL, border=1) + _td(_text("keys the shown query does not see (causal mask, sliding window)", 9, MASKED_TEXT), align="left"))
     if cells.max_block_mass is not None:
         top = cells.max_block_mass
         rows.append(_td(_text("attention mass per logical block (sum of its tokens' weights)", 9), colspan=2, align="left"))

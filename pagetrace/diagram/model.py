@@ -31,6 +31,9 @@ class SequenceMap:
     table: list[int]  # physical block of each logical block; may be longer than needed
     # per logical block: sum of that block's tokens' attention weights (averaged over heads)
     attention_mass: list[float] | None = None
+    # per logical block, for the query token those masses belong to: how many of the block's
+    # keys it does not see, (after it: causal, too far before it: sliding window)
+    masked: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -76,6 +79,16 @@ class LogicalCell(_BlockRun):
     mass: float | None  # summed attention mass of the cell's blocks
     traced: bool = False
     elided: bool = False  # stands for blocks that are not drawn: no arrow
+    causal: int = 0  # keys of the cell the query token does not see: after it
+    window: int = 0  # and too far before it (sliding window)
+
+    @property
+    def tokens(self) -> int:
+        return self.last_token - self.first_token + 1
+
+    @property
+    def masked(self) -> int:
+        return self.causal + self.window
 
 
 @dataclass(frozen=True, slots=True)

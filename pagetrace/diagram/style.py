@@ -20,6 +20,8 @@ SHARED_SLOT = "#88419d"  # a shared block's slots that hold tokens
 FREE_FILL = "#f0f0f0"
 FREE_TEXT = "#9a9a9a"
 MIXED_FILL = "#ffffff"
+MASKED_FILL = "#e7e1ef"  # keys the shown query token does not see (causal or sliding-window mask)
+MASKED_TEXT = "#756bb1"
 EMPTY_SLOT = "#ffffff"
 # ColorBrewer "Blues", 9 classes: attention mass per block, low to high
 MASS_FILL = ["#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b"]
