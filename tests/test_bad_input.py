@@ -137,3 +137,20 @@ def test_capacity_config_number_past_the_digit_limit_is_not_json(tmp_path, capsy
     path = tmp_path / "config.json"
     path.write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
     assert_usage_error(cli(capsys, "capacity", "--config", str(path)), "not JSON")
+
+
+@pytest.mark.parametrize(("args", "option"), [(["--requests", "1000000000"], "--requests"), (["--requests", "2", "--n", "1000000000"], "--n"),
+                                              (["--n", "600"], "--n"), (["--requests", "100001"], "--requests")])
+def test_simulate_a_workload_too_large_to_run_is_refused_at_once(capsys, args, option):
+    """These hung (a billion requests built one by one) before the bound."""
+    code, out, err = cli(capsys, "simulate", *args)
+    assert_usage_error((code, out, err), option)
+    assert "the simulator runs at most 100,000" in err, err
+
+
+def test_simulate_a_trace_too_large_to_run_is_refused_at_once(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"prompt_len": 4, "output_len": 2}\n{"prompt_len": 4, "output_len": 2, "n": 1000000000}\n')
+    code, out, err = cli(capsys, "simulate", "--trace", str(trace))
+    assert_usage_error((code, out, err), "--trace")
+    assert "trace line 2" in err and "100,000" in err, err

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .request import SimRequest
 
-UNIQUE_STRIDE = 1 << 24  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
+UNIQUE_STRIDE = 1 << 24
+MAX_REQUESTS = 100_000  # requests after n-fold expansion: 10,000 take about 20 s on a laptop core; a typo of 10**9 is refused at once  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
 
 
 class SyntheticTokens:
@@ -130,6 +131,8 @@ def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest
             output = None
         arrival = _field(obj, "arrival", line_no, int, 0, minimum=0)
         n = _field(obj, "n", line_no, int, 1, minimum=1)
+        if len(out) + n > MAX_REQUESTS:
+            raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
         salt = _field(obj, "cache_salt", line_no, str)
         for k in range(n):
             sample = output
