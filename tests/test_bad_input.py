@@ -154,3 +154,14 @@ def test_simulate_a_trace_too_large_to_run_is_refused_at_once(tmp_path, capsys):
     code, out, err = cli(capsys, "simulate", "--trace", str(trace))
     assert_usage_error((code, out, err), "--trace")
     assert "trace line 2" in err and "100,000" in err, err
+
+
+def test_replay_a_step_with_no_layer_is_refused_with_a_document(tmp_path, capsys):
+    """It raised IndexError (an internal error) before."""
+    path = write_bundle(tmp_path / "b")
+    doc = json.loads((path / "manifest.json").read_text())
+    doc["steps"][0]["layers"] = []
+    (path / "manifest.json").write_text(json.dumps(doc))
+    code, out, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
+    assert code == 1 and "stored no layer" in err and "internal error" not in err, err
+    assert json.loads(out) == {"bundle": str(path), "step": 0, "layer": None, "passed": False, "error": err.strip()[len("pagetrace: "):], "violations": []}

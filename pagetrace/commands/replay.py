@@ -39,10 +39,10 @@ def replay(
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     manifest = read_manifest(bundle)
     st = read_step(bundle, manifest, step)
-    if layer is None and not st.layers:
-        raise UsageError("--layer", layer, f"step {st.step} stored no layer; there is nothing to replay")
-    layer = st.layers[0] if layer is None else layer
     try:
+        if layer is None and not st.layers:
+            raise ReplayRefused(f"step {st.step} stored no layer; there is nothing to replay")
+        layer = st.layers[0] if layer is None else layer
         refuse_broken_tables(manifest, st)  # before --token is read against the step's rows
         r = st.request_index(request) if request is not None else 0
         first = st.seq_lens[r] - st.query_len(r)
