@@ -165,3 +165,12 @@ def test_replay_a_step_with_no_layer_is_refused_with_a_document(tmp_path, capsys
     code, out, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
     assert code == 1 and "stored no layer" in err and "internal error" not in err, err
     assert json.loads(out) == {"bundle": str(path), "step": 0, "layer": None, "passed": False, "error": err.strip()[len("pagetrace: "):], "violations": []}
+
+
+@pytest.mark.parametrize("gone", ["new_key", "new_value"])
+def test_new_keys_without_new_values_is_a_malformed_bundle(tmp_path, capsys, gone):
+    """The data check read both (a KeyError, an internal error, before); found by the fuzz."""
+    path = write_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t.pop(f"layer0.{gone}"))
+    assert_usage_error(cli(capsys, "check", str(path)), f"step-0000.safetensors: layer0.{gone}: is missing")
+    assert cli(capsys, "check", str(path), "--no-data")[0] == 0

@@ -295,6 +295,9 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:
             raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+    if ("new_key" in out) != ("new_value" in out):  # the data check reads both
+        missing = "new_value" if "new_key" in out else "new_key"
+        raise BundleError(step.file, prefix + missing, "is missing; a step stores the new keys and values together")
     tokens = step.num_tokens
     for name, heads in (("query", manifest.num_heads), ("output", manifest.num_heads), ("new_key", manifest.num_kv_heads), ("new_value", manifest.num_kv_heads)):
         if name in out and tuple(out[name].shape) != (tokens, heads, manifest.head_dim):
