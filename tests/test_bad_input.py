@@ -174,3 +174,13 @@ def test_new_keys_without_new_values_is_a_malformed_bundle(tmp_path, capsys, gon
     edit_step(path, lambda t: t.pop(f"layer0.{gone}"))
     assert_usage_error(cli(capsys, "check", str(path)), f"step-0000.safetensors: layer0.{gone}: is missing")
     assert cli(capsys, "check", str(path), "--no-data")[0] == 0
+
+
+@pytest.mark.parametrize("layer", [[], {}, True, "0"])
+def test_a_step_layer_that_is_not_a_layer_index_is_a_malformed_bundle(tmp_path, capsys, layer):
+    """A list here raised TypeError (unhashable) before; found by the fuzz."""
+    path = write_bundle(tmp_path / "b")
+    doc = json.loads((path / "manifest.json").read_text())
+    doc["steps"][0]["layers"] = [layer]
+    (path / "manifest.json").write_text(json.dumps(doc))
+    assert_usage_error(cli(capsys, "check", str(path)), "manifest.json: steps[0].layers[0]")

@@ -190,7 +190,7 @@ def read_manifest(path: str | Path) -> Manifest:
         if not all(isinstance(r, str) for r in reqs):
             raise BundleError(file, f"steps[{i}].requests", "must be a list of strings")
         for j, layer in enumerate(_get(entry, "layers", list, file, f"steps[{i}].")):
-            if layer not in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer not in layers:
                 raise BundleError(file, f"steps[{i}].layers[{j}]", f"layer {layer!r} is not in the manifest's layers")
     window = _get(attn, "sliding_window", int, file, "attention.", optional=True)
     if window is not None and window < 1:
