@@ -184,3 +184,17 @@ def test_a_step_layer_that_is_not_a_layer_index_is_a_malformed_bundle(tmp_path, 
     doc["steps"][0]["layers"] = [layer]
     (path / "manifest.json").write_text(json.dumps(doc))
     assert_usage_error(cli(capsys, "check", str(path)), "manifest.json: steps[0].layers[0]")
+
+
+@pytest.mark.parametrize(("tensor", "dtype", "said"), [("kv", "int8", "the manifest's kv_cache.dtype is fp32"), ("kv", "float16", "kv_cache.dtype is fp32"),
+                                                       ("query", "int8", "it must hold floats")])
+def test_layer_tensors_of_the_wrong_dtype_are_a_malformed_bundle(tmp_path, capsys, tensor, dtype, said):
+    """An int8 cache reached the kernel's own check, which named its `query` argument; found by the fuzz."""
+    import torch
+
+    path = write_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t.update({f"layer0.{tensor}": t[f"layer0.{tensor}"].to(getattr(torch, dtype))}))
+    for command in ("check", "replay"):
+        code, out, err = cli(capsys, command, str(path), "--backend", "torch") if command == "replay" else cli(capsys, command, str(path))
+        assert_usage_error((code, out, err), f"step-0000.safetensors: layer0.{tensor}: is torch.{dtype}")
+        assert said in err, err

@@ -29,6 +29,7 @@ from .views import ENGINE_LAYOUTS, EngineLayout
 FORMAT = "pagetrace-capture"
 VERSION = 1
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+TORCH_DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 SHARING = ("none", "full-blocks")  # which blocks requests may share: prefix caching shares full blocks
 INDEX_TENSORS = ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")
 
@@ -295,6 +296,8 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:
             raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+        if str(out[name].dtype) != TORCH_DTYPES[manifest.dtype]:
+            raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; the manifest's kv_cache.dtype is {manifest.dtype}")
     if ("new_key" in out) != ("new_value" in out):  # the data check reads both
         missing = "new_value" if "new_key" in out else "new_key"
         raise BundleError(step.file, prefix + missing, "is missing; a step stores the new keys and values together")
@@ -302,6 +305,8 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
     for name, heads in (("query", manifest.num_heads), ("output", manifest.num_heads), ("new_key", manifest.num_kv_heads), ("new_value", manifest.num_kv_heads)):
         if name in out and tuple(out[name].shape) != (tokens, heads, manifest.head_dim):
             raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}, needs {(tokens, heads, manifest.head_dim)}")
+        if name in out and not out[name].is_floating_point():
+            raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; it must hold floats")
     return out
 
 
