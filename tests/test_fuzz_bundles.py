@@ -74,16 +74,18 @@ def _set_field(doc, path, value):
 
 
 def _reshape(t: torch.Tensor, how: str) -> torch.Tensor:
+    if t.dim() == 0:  # an earlier edit made it a scalar
+        t = t.reshape(1)
     if how == "drop":
         return t[:-1].clone()
     if how == "extend":
-        return torch.cat([t, t[:1]]) if t.dim() else t.reshape(1)
+        return torch.cat([t, t[:1]])
     if how == "flatten":
         return t.reshape(-1).clone()
     if how == "unsqueeze":
         return t.unsqueeze(0).clone()
     if how == "scalar":
-        return t.reshape(-1)[0].clone() if t.numel() else t.sum()
+        return t.reshape(-1)[0].clone() if t.numel() else t.sum().to(t.dtype)
     return t[:0].clone()
 
 
