@@ -198,3 +198,13 @@ def test_layer_tensors_of_the_wrong_dtype_are_a_malformed_bundle(tmp_path, capsy
         code, out, err = cli(capsys, command, str(path), "--backend", "torch") if command == "replay" else cli(capsys, command, str(path))
         assert_usage_error((code, out, err), f"step-0000.safetensors: layer0.{tensor}: is torch.{dtype}")
         assert said in err, err
+
+
+@pytest.mark.parametrize("name", [".", "", "/dev/null", "../b/step-0000.safetensors", "x//y"])
+def test_a_step_file_outside_the_bundle_is_a_malformed_bundle(tmp_path, capsys, name):
+    """'.' named the bundle folder itself (a message naming no file); found by the fuzz."""
+    path = write_bundle(tmp_path / "b")
+    doc = json.loads((path / "manifest.json").read_text())
+    doc["steps"][0]["file"] = name
+    (path / "manifest.json").write_text(json.dumps(doc))
+    assert_usage_error(cli(capsys, "replay", str(path), "--backend", "torch"), "manifest.json: steps[0].file")

@@ -186,7 +186,9 @@ def read_manifest(path: str | Path) -> Manifest:
         if not isinstance(entry, dict):
             raise BundleError(file, f"steps[{i}]", "must be an object")
         _get(entry, "step", int, file, f"steps[{i}].")
-        _get(entry, "file", str, file, f"steps[{i}].")
+        name = _get(entry, "file", str, file, f"steps[{i}].")
+        if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+            raise BundleError(file, f"steps[{i}].file", f"{name!r}: name a file inside the bundle folder")
         reqs = _get(entry, "requests", list, file, f"steps[{i}].")
         if not all(isinstance(r, str) for r in reqs):
             raise BundleError(file, f"steps[{i}].requests", "must be a list of strings")
