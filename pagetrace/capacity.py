@@ -14,6 +14,7 @@ memory / (bytes per token * L) ignores that rounding and the null block, and ove
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ def parse_memory(text: str, option: str = "--memory") -> int:
     if not m or m.group(2).lower() not in UNITS:
         raise UsageError(option, text, "give bytes with an optional unit: 80GiB, 512MiB, 16GB, 1e9")
     value = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if not math.isfinite(value):  # 1e400, or 1e300TiB: past any float
+        raise UsageError(option, text, "is too large to be a number of bytes")
     if value < 1:
         raise UsageError(option, text, "must be at least 1 byte")
     return int(value)
@@ -73,24 +76,44 @@ def dtype_bytes(dtype: str, option: str = "--dtype") -> int:
 
 
 def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
-    """Layers, KV heads and head size from a Hugging Face config.json."""
+    """Layers, KV heads and head size from a Hugging Face config.json (the text model's,
+    `text_config`, in a multimodal one). `num_key_value_heads` defaults to the attention
+    heads and `head_dim` to hidden_size // num_attention_heads, as in transformers."""
     try:
         cfg = json.loads(Path(path).read_text())
     except OSError as exc:
         raise UsageError("--config", path, exc.strerror or str(exc)) from None
-    except ValueError as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or a number past Python's 4,300 digits
         raise UsageError("--config", path, f"not JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise UsageError("--config", path, "not a JSON object")
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    try:
-        layers = int(cfg["num_hidden_layers"])
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-        raise UsageError("--config", path, f"missing or bad field {exc}") from None
-    dtype = dtype or str(cfg.get("torch_dtype") or cfg.get("dtype") or "bf16")
+    if not isinstance(cfg, dict):
+        raise UsageError("--config", path, "text_config is not a JSON object")
+
+    def field(key: str, required: bool = True) -> int | None:
+        value = cfg.get(key)
+        if value is None:
+            if required:
+                raise UsageError("--config", path, f"{key} is missing")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError("--config", path, f"{key} must be a positive integer, got {value!r}")
+        return value
+
+    layers = field("num_hidden_layers")
+    heads = field("num_attention_heads")
+    kv_heads = field("num_key_value_heads", required=False) or heads
+    head_dim = field("head_dim", required=False)
+    if head_dim is None:
+        hidden = field("hidden_size")
+        head_dim = hidden // heads
+        if head_dim < 1:
+            raise UsageError("--config", path, f"hidden_size {hidden} / num_attention_heads {heads} is no head size; give head_dim")
+    if dtype is None:
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bf16"
+        if not isinstance(dtype, str) or canonical_dtype(dtype) is None:
+            raise UsageError("--config", path, f"torch_dtype {dtype!r} is not a cache dtype; give --dtype")
     return ModelDims(layers, kv_heads, head_dim, dtype)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 HELP = (
-    "Check a captured engine step (a capture bundle): table entries inside the pool, no visible token on the null "
+    "Check a captured engine step (a capture bundle): table entries inside the pool and stored, no visible token on the null "
     "block, slot_mapping equal to the block-table arithmetic, seq_lens within capacity, query_start_loc, index "
     "dtypes, no two tokens writing one slot, sharing only of prefix-cached full blocks, and the new K/V at their "
     "slots through the layout. Exit 0 clean, 1 with violations."

@@ -32,33 +32,48 @@ def replay(
     from ..cli import emit_json, stdout_console
     from ..diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
-    from ..engines.replay import summarize
+    from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
+    from ..errors import RuntimeFailure, UsageError
     from ..render_replay import mapping_view
-    from ..errors import UsageError
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     manifest = read_manifest(bundle)
     st = read_step(bundle, manifest, step)
-    if layer is None:
-        layer = st.layers[0]
-    r = st.request_index(request) if request is not None else 0
-    first = st.seq_lens[r] - st.query_len(r)
-    if token is None:
-        token = st.seq_lens[r] - 1
-    if not first <= token < st.seq_lens[r]:
-        raise UsageError("--token", token, f"request {st.requests[r]}'s new tokens in step {st.step} are {first}..{st.seq_lens[r] - 1}")
-    from ..engines.replay import replay_layer
+    try:
+        if layer is None and not st.layers:
+            raise ReplayRefused(f"step {st.step} stored no layer; there is nothing to replay")
+        layer = st.layers[0] if layer is None else layer
+        refuse_broken_tables(manifest, st)  # before --token is read against the step's rows
+        r = st.request_index(request) if request is not None else 0
+        first = st.seq_lens[r] - st.query_len(r)
+        if token is None:
+            token = st.seq_lens[r] - 1
+        if not first <= token < st.seq_lens[r]:
+            raise UsageError("--token", token, f"request {st.requests[r]}'s new tokens in step {st.step} are {first}..{st.seq_lens[r] - 1}")
+        from ..engines.replay import replay_layer
 
-    result = replay_layer(manifest, st, read_layer(manifest, st, layer), backend=backend)
+        result = replay_layer(manifest, st, read_layer(manifest, st, layer), backend=backend)
+    except ReplayRefused as exc:  # the bundle's own finding: with --json, a document says so (as `check --json` does)
+        if json_output:
+            emit_json({"bundle": str(bundle), "step": st.step, "layer": layer, "passed": False, "error": str(exc),
+                       "violations": [v.to_json() for v in exc.violations]})
+        raise
     summary = summarize(manifest, st, result, r, token)
-    saved = save_diagrams(mapping_view(manifest, st, summary), svg, png, dot, quiet=json_output)
+    saved, diagram_failure = None, None
+    try:
+        saved = save_diagrams(mapping_view(manifest, st, summary), svg, png, dot, quiet=json_output)
+    except RuntimeFailure as exc:  # the replay's result is still worth printing (as `run` does)
+        diagram_failure = exc
     if json_output:
         doc = summary.to_json(bundle, layer)
-        if saved is not None:
-            doc["diagrams"] = saved["written"]
+        doc["step"] = st.step
+        if svg or png or dot:
+            doc["diagrams"] = saved["written"] if saved else []
         emit_json(doc)
-        return 0 if summary.passed else 1
-    from ..render_replay import render_replay
+    else:
+        from ..render_replay import render_replay
 
-    stdout_console().print(render_replay(manifest, st, layer, summary, ROWS))
+        stdout_console().print(render_replay(manifest, st, layer, summary, ROWS))
+    if diagram_failure is not None:
+        raise diagram_failure
     return 0 if summary.passed else 1

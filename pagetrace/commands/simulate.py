@@ -62,7 +62,7 @@ def simulate(
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
-    from ..sim.workload import SyntheticSpec, parse_trace, synthetic
+    from ..sim.workload import MAX_REQUESTS, SyntheticSpec, parse_trace, synthetic
 
     # -- check every option before any work --
     if trace is not None and requests is not None:
@@ -76,6 +76,9 @@ def simulate(
         raise UsageError("--num-blocks", num_blocks, f"more blocks than the simulator holds in memory (at most {MAX_BLOCKS:,})")
     if requests is not None and requests < 1:
         raise UsageError("--requests", requests, "must be at least 1")
+    if trace is None and (requests or 200) * n > MAX_REQUESTS:
+        option, value = ("--n", n) if n > 1 and (requests or 200) <= MAX_REQUESTS else ("--requests", requests)
+        raise UsageError(option, value, f"the workload would hold {(requests or 200) * n:,} requests (--requests x --n); the simulator runs at most {MAX_REQUESTS:,}")
     if not arrival_rate >= 0 or arrival_rate == float("inf"):
         raise UsageError("--arrival-rate", arrival_rate, "must be a finite number >= 0")
     if at is not None and at < 0:
@@ -91,7 +94,7 @@ def simulate(
                 text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        workload = parse_trace(text, block_size)
+        workload = parse_trace(text, block_size, trace)
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)

@@ -16,6 +16,7 @@ through NumPy, so `check` and `lookup --from` never import torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -28,16 +29,18 @@ from .views import ENGINE_LAYOUTS, EngineLayout
 FORMAT = "pagetrace-capture"
 VERSION = 1
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
+TORCH_DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
 SHARING = ("none", "full-blocks")  # which blocks requests may share: prefix caching shares full blocks
 INDEX_TENSORS = ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")
 
 
 class BundleError(UsageError):
-    """A bundle that cannot be read: names the file and the field."""
+    """A bundle that cannot be read: names the file and the field (None: the whole file)."""
 
-    def __init__(self, file: str | Path, field_name: str, reason: str) -> None:
-        super().__init__(f"{file}: {field_name}", "", reason)
-        self.args = (f"malformed bundle: {file}: {field_name}: {reason}",)
+    def __init__(self, file: str | Path, field_name: str | None, reason: str) -> None:
+        where = f"{file}: {field_name}" if field_name else str(file)
+        super().__init__(where, "", reason)
+        self.args = (f"malformed bundle: {where}: {reason}",)
 
     def __str__(self) -> str:
         return self.args[0]
@@ -121,8 +124,8 @@ def _get(doc: dict, key: str, kind, file, prefix: str = "", optional: bool = Fal
     value = doc[key]
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise BundleError(file, name, f"must be an integer, got {value!r}")
-    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise BundleError(file, name, f"must be a number, got {value!r}")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        raise BundleError(file, name, f"must be a finite number, got {value!r}")
     if kind in (str, list, dict) and not isinstance(value, kind):
         raise BundleError(file, name, f"must be a {kind.__name__}, got {type(value).__name__}")
     return value
@@ -136,9 +139,11 @@ def read_manifest(path: str | Path) -> Manifest:
     try:
         doc = json.loads(file.read_text())
     except FileNotFoundError:
-        raise BundleError(file, "manifest.json", "is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(file, "manifest.json", f"is not readable JSON ({exc})") from None
+        raise BundleError(file, None, "is missing") from None
+    except IsADirectoryError:
+        raise BundleError(file, None, "is a folder, not a file") from None
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, or a number past Python's 4,300 digits
+        raise BundleError(file, None, f"is not readable JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BundleError(file, "format", f"must be {FORMAT!r}")
     if _get(doc, "version", int, file) != VERSION:
@@ -181,12 +186,14 @@ def read_manifest(path: str | Path) -> Manifest:
         if not isinstance(entry, dict):
             raise BundleError(file, f"steps[{i}]", "must be an object")
         _get(entry, "step", int, file, f"steps[{i}].")
-        _get(entry, "file", str, file, f"steps[{i}].")
+        name = _get(entry, "file", str, file, f"steps[{i}].")
+        if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+            raise BundleError(file, f"steps[{i}].file", f"{name!r}: name a file inside the bundle folder")
         reqs = _get(entry, "requests", list, file, f"steps[{i}].")
         if not all(isinstance(r, str) for r in reqs):
             raise BundleError(file, f"steps[{i}].requests", "must be a list of strings")
         for j, layer in enumerate(_get(entry, "layers", list, file, f"steps[{i}].")):
-            if layer not in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or layer not in layers:
                 raise BundleError(file, f"steps[{i}].layers[{j}]", f"layer {layer!r} is not in the manifest's layers")
     window = _get(attn, "sliding_window", int, file, "attention.", optional=True)
     if window is not None and window < 1:
@@ -291,10 +298,17 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:
             raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+        if str(out[name].dtype) != TORCH_DTYPES[manifest.dtype]:
+            raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; the manifest's kv_cache.dtype is {manifest.dtype}")
+    if ("new_key" in out) != ("new_value" in out):  # the data check reads both
+        missing = "new_value" if "new_key" in out else "new_key"
+        raise BundleError(step.file, prefix + missing, "is missing; a step stores the new keys and values together")
     tokens = step.num_tokens
     for name, heads in (("query", manifest.num_heads), ("output", manifest.num_heads), ("new_key", manifest.num_kv_heads), ("new_value", manifest.num_kv_heads)):
         if name in out and tuple(out[name].shape) != (tokens, heads, manifest.head_dim):
             raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}, needs {(tokens, heads, manifest.head_dim)}")
+        if name in out and not out[name].is_floating_point():
+            raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; it must hold floats")
     return out
 
 

@@ -9,6 +9,7 @@ with prefix caching or chunked prefill on):
                 no request has more new tokens than tokens; slot_mapping padding is padding
     capacity    each seq_len fits its row of the block table
     pool        every table entry a visible token needs lies inside the pool
+    stored      the bundle stored the page of every table entry the tokens need
     null        no visible token lies on the null block (outside a sliding window it may)
     slot        slot_mapping[i] = table[pos // bs] * bs + pos % bs for every new token
     position    positions[i] = seq_len - query_len + k, the k-th new token of its request
@@ -115,6 +116,7 @@ class Checker:
 
     def tables(self) -> None:
         s, bs = self.s, self.m.block_size
+        stored = set(s.blocks)
         for r, (seq_len, row) in enumerate(zip(s.seq_lens, s.block_table)):
             need = -(-seq_len // bs)
             if need > len(row) or need > s.block_counts[r]:
@@ -124,7 +126,10 @@ class Checker:
                 token = logical * bs
                 if not 0 <= physical < self.m.num_blocks:
                     self.add("pool", f"logical block {logical} maps to physical block {physical}, outside the pool 0..{self.m.num_blocks - 1}", r, token)
-                elif physical == self.m.null_block and self.visible(r, logical):
+                    continue
+                if physical not in stored:  # a bundle stores every block its tables use (engines/bundle.py)
+                    self.add("stored", f"logical block {logical} maps to physical block {physical}, whose page the bundle did not store", r, token)
+                if physical == self.m.null_block and self.visible(r, logical):
                     self.add("null", f"logical block {logical} (tokens {token}..{min(token + bs, seq_len) - 1}) is on the null block {physical}", r, token)
 
     def slots(self) -> None:

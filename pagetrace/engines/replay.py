@@ -47,6 +47,33 @@ class Replay:
     tables: list[list[int]]  # physical block tables (real ids), one per request, counted entries only
 
 
+class ReplayRefused(RuntimeFailure):
+    """A step that cannot be replayed as captured; `violations` are `check`'s findings that say why."""
+
+    def __init__(self, message: str, violations: list | None = None) -> None:
+        super().__init__(message)
+        self.violations = violations or []
+
+
+REFUSING = ("query", "capacity", "pool", "stored")  # the checks without which the tables cannot be read
+
+
+def refuse_broken_tables(manifest: Manifest, step: Step) -> None:
+    """Raise `ReplayRefused` unless every table entry the step's tokens need is a block the
+    bundle stored: rows are found through query_start_loc, and pages through the tables."""
+    from .check import Checker
+
+    checker = Checker(manifest, step)
+    if checker.query():
+        checker.tables()
+    found = [v for v in checker.found if v.check in REFUSING]
+    if found:
+        first = found[0]
+        who = f"request {first.request}: " if first.request is not None else ""
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ReplayRefused(f"step {step.step}: {who}{first.message}{more}; `pagetrace check` lists every violation", found)
+
+
 def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery]:
     out = []
     for r in range(len(step.requests)):
@@ -72,22 +99,14 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
     from ..attention import paged_attention
 
     if "query" not in tensors:
-        raise RuntimeFailure(f"{step.file}: the step stored no query for this layer; nothing to replay")
-    from .check import Checker
-
-    checker = Checker(manifest, step)
-    if not checker.query():  # rows are found through query_start_loc: with it broken there is nothing sound to replay
-        raise RuntimeFailure(f"step {step.step}: {checker.found[0].message}; `pagetrace check` lists every violation")
+        raise ReplayRefused(f"{step.file}: the step stored no query for this layer; nothing to replay")
+    refuse_broken_tables(manifest, step)
     key, value, compact = pool_views(manifest, step, tensors)
     queries = queries_of(step, requests)
     if not queries:
-        raise RuntimeFailure(f"step {step.step} has no new tokens to replay for the chosen requests")
+        raise ReplayRefused(f"step {step.step} has no new tokens to replay for the chosen requests")
     bs = manifest.block_size
     tables = [row[: -(-n // bs)] for row, n in zip(step.block_table, step.seq_lens)]
-    for q in queries:
-        missing = [b for b in tables[q.request][: q.position // bs + 1] if b not in compact]
-        if missing:
-            raise RuntimeFailure(f"request {step.requests[q.request]} token {q.position} reads block {missing[0]}, which the bundle did not store")
 
     def pool_rows(rows: list[list[int]]) -> torch.Tensor:
         width = max(len(row) for row in rows)
@@ -106,7 +125,7 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
         )
     else:  # each new token is one decode query over its own causal prefix
         if manifest.sliding_window is not None:
-            raise RuntimeFailure("this pagetrace's kernel has no sliding window; the step was captured with one")
+            raise ReplayRefused("this pagetrace's kernel has no sliding window; the step was captured with one")
         per_token = pool_rows([tables[q.request][: q.position // bs + 1] for q in queries])
         out, trace = paged_attention(query, key, value, per_token, torch.tensor([q.position + 1 for q in queries], dtype=torch.int32), **options)
     reference = causal_reference(query, key, value, queries, [tables[q.request] for q in queries], compact, manifest)

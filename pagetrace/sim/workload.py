@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .request import SimRequest
 
-UNIQUE_STRIDE = 1 << 24  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
+UNIQUE_STRIDE = 1 << 24
+MAX_REQUESTS = 100_000  # requests after n-fold expansion: 10,000 take about 20 s on a laptop core; a typo of 10**9 is refused at once  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
 
 
 class SyntheticTokens:
@@ -89,8 +90,9 @@ def _field(obj: dict, key: str, line: int, kind: type, default=None, minimum: in
     return value
 
 
-def parse_trace(text: str, block_size: int) -> list[SimRequest]:
-    """One JSON object per line: `prompt` (token ids) or `prompt_len` (with an optional
+def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest]:
+    """`source` is the trace's file name, for the error of a trace with no request.
+    One JSON object per line: `prompt` (token ids) or `prompt_len` (with an optional
     `shared_prefix`: that many leading tokens common to all requests), `output_len` (or
     `output`: token ids), `arrival` (step, default 0), `n` (default 1), `cache_salt`, `id`."""
     out: list[SimRequest] = []
@@ -100,8 +102,9 @@ def parse_trace(text: str, block_size: int) -> list[SimRequest]:
             continue
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise UsageError("--trace", raw[:40], f"trace line {line_no} is not JSON ({exc.msg})") from None
+        except ValueError as exc:  # not JSON, or a number past Python's 4,300 digits
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).split(";")[0]
+            raise UsageError("--trace", raw[:40], f"trace line {line_no} is not JSON ({reason})") from None
         if not isinstance(obj, dict):
             raise UsageError("--trace", raw[:40], f"trace line {line_no} is not a JSON object")
         rid = str(obj.get("id", len(ids)))
@@ -128,6 +131,8 @@ def parse_trace(text: str, block_size: int) -> list[SimRequest]:
             output = None
         arrival = _field(obj, "arrival", line_no, int, 0, minimum=0)
         n = _field(obj, "n", line_no, int, 1, minimum=1)
+        if len(out) + n > MAX_REQUESTS:
+            raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
         salt = _field(obj, "cache_salt", line_no, str)
         for k in range(n):
             sample = output
@@ -136,6 +141,7 @@ def parse_trace(text: str, block_size: int) -> list[SimRequest]:
                 sample = range(start, start + olen)
             out.append(SimRequest(rid if n == 1 else f"{rid}.{k}", prompt, sample, arrival=arrival, cache_salt=salt))
     if not out:
-        raise UsageError("--trace", "", "the trace has no requests")
+        what = "is empty" if not text else "holds only blank lines"
+        raise UsageError("--trace", source, f"the file {what}: a trace has one JSON request per line")
     out.sort(key=lambda r: r.arrival)  # stable: file order within a step
     return out
