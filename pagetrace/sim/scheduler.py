@@ -147,6 +147,95 @@ class Scheduler:
             if victim is req:
                 return None
 
+    def _run_events(self, step: int, preempted: list[str], finishing: list[SimRequest]) -> tuple[int, int]:
+        """A cruising step's requests with an event, in running order: each asks the policy for
+        its token's slot (`allocate_decode`), then takes its token (`update_from_output`) and
+        files its next event at once. Nothing else in the step reads these requests' counters;
+        one that samples its last token waits in `finishing`, freed after admission as in vLLM.
+        Returns (requests run, blocks allocated)."""
+        due = self._events.pop(step, None)
+        if not due:
+            return 0, 0
+        if len(due) > 1:
+            due.sort(key=_by_seq)
+        policy = self.policy
+        allocate_decode = policy.allocate_decode
+        events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
+        ran = allocated = held = 0
+        after = step + 1
+        for req in due:
+            # A request filed twice for this step, or filed before a preemption, is skipped:
+            # its event_step has moved on (every new event is after this step) or it is not running.
+            if req.event_step != step or req.status != RUNNING:
+                continue
+            d = step - req.synced  # self._sync(req, step), the step count left for below
+            c = req.num_computed = req.num_computed + d
+            g = req.num_generated = req.num_generated + d
+            new_blocks = allocate_decode(req)
+            if new_blocks is None:  # the pool is out of blocks: preempt until it fits
+                req.synced = step
+                new_blocks = self._allocate_running(req, 1, preempted)
+                if new_blocks is None:
+                    break
+                allocated += len(new_blocks)
+            elif new_blocks:
+                allocated += len(new_blocks)
+                held += len(new_blocks)
+            ran += 1
+            c = req.num_computed = c + 1  # a decode step: one token computed, one sampled
+            g = req.num_generated = g + 1
+            req.synced = after
+            if g >= req.max_tokens:
+                req.event_step = -1
+                finishing.append(req)
+                continue
+            quiet = len(tables[req.request_id]) * bs - c  # self._file_event(req), inlined
+            to_finish = req.max_tokens - g - 1
+            if to_finish < quiet:
+                quiet = to_finish
+            if caching:
+                to_fill = (bs - (c + 1) % bs) % bs
+                if to_fill < quiet:
+                    quiet = to_fill
+            event = req.event_step = after + quiet
+            if event in events:
+                events[event].append(req)
+            else:
+                events[event] = [req]
+        self._held_slots += held * bs
+        return ran, allocated
+
+    def _run_explicit(self, preempted: list[str], scheduled: list[tuple[SimRequest, int]]) -> tuple[int, int]:
+        """Every running request in order, each asking for its remaining tokens within the
+        budget. Returns (budget left, blocks allocated)."""
+        policy = self.policy
+        budget = self.config.max_num_batched_tokens
+        running = self.running
+        tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
+        allocated = i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.num_computed
+            n = min(req.prompt_len + req.num_generated - c, budget)
+            if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
+                # A decode step inside the last block that fills no block: allocate_slots
+                # would allocate and cache nothing, so the call is skipped.
+                scheduled.append((req, 1))
+                budget -= 1
+                i += 1
+                continue
+            if n == 0:
+                i += 1
+                continue
+            new_blocks = self._allocate_running(req, n, preempted)
+            if new_blocks is None:
+                break
+            allocated += len(new_blocks)
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+        return budget, allocated
+
     def step(self) -> StepRecord:
         policy, cfg = self.policy, self.config
         pool = policy.pool
@@ -159,59 +248,19 @@ class Scheduler:
                 self._sync(r, step)
             self._events.clear()
             self._cruising = False
-        scheduled: list[tuple[SimRequest, int]] = []  # requests run explicitly, in order
-        allocated = hit_tokens = 0
+        scheduled: list[tuple[SimRequest, int]] = []  # requests run through the loop below, in order
+        hit_tokens = 0
         preempted: list[str] = []
         admitted: list[str] = []
+        finishing: list[SimRequest] = []
 
         if cruise:  # only the requests with an event; every other running request takes its one token
-            # A request filed twice for this step, or filed before a preemption, is skipped:
-            # its event_step has moved on (every new event is after this step) or it is not running.
-            for req in sorted(self._events.pop(step, ()), key=_by_seq):
-                if req.event_step != step or req.status != RUNNING:
-                    continue
-                req.event_step = -1  # a second entry for it is stale
-                d = step - req.synced  # self._sync(req, step), inlined
-                req.num_computed += d
-                req.num_generated += d
-                req.synced = step
-                new_blocks = policy.allocate_decode(req)
-                if new_blocks is None:  # the pool is out of blocks: preempt until it fits
-                    new_blocks = self._allocate_running(req, 1, preempted)
-                    if new_blocks is None:
-                        break
-                else:
-                    self._held_slots += len(new_blocks) * policy.block_size
-                allocated += len(new_blocks)
-                scheduled.append((req, 1))
-            budget = cfg.max_num_batched_tokens - len(running)
-            implicit = len(running) - len(scheduled)
+            ran, allocated = self._run_events(step, preempted, finishing)
+            cruising = len(running)  # every running request's one token, the event ones' included
+            budget = cfg.max_num_batched_tokens - cruising
         else:
-            budget = cfg.max_num_batched_tokens
-            tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
-            i = 0
-            while i < len(running) and budget > 0:
-                req = running[i]
-                c = req.num_computed
-                n = min(req.prompt_len + req.num_generated - c, budget)
-                if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
-                    # A decode step inside the last block that fills no block: allocate_slots
-                    # would allocate and cache nothing, so the call is skipped.
-                    scheduled.append((req, 1))
-                    budget -= 1
-                    i += 1
-                    continue
-                if n == 0:
-                    i += 1
-                    continue
-                new_blocks = self._allocate_running(req, n, preempted)
-                if new_blocks is None:
-                    break
-                allocated += len(new_blocks)
-                scheduled.append((req, n))
-                budget -= n
-                i += 1
-            implicit = 0
+            budget, allocated = self._run_explicit(preempted, scheduled)
+            cruising = 0
 
         if not preempted:
             waiting = self.waiting
@@ -246,13 +295,16 @@ class Scheduler:
                 scheduled.append((req, n))
                 budget -= n
 
-        tokens = implicit + sum(n for _, n in scheduled)
+        tokens = cruising
+        for _, n in scheduled:
+            tokens += n
         self._computed += tokens
         finished: list[str] = []
+        for req in finishing:  # update_from_output frees in the order requests ran
+            self._finish(req, step, finished)
         all_decoding = True
         # While cruising, each request still decoding files its next event at once (a
         # prefill chunk anywhere clears them all below); bs, caching, tables: as _file_event.
-        file_now = cruise and self.cruise
         events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
             c = req.num_computed = req.num_computed + n
@@ -260,15 +312,11 @@ class Scheduler:
             if c >= req.prompt_len + req.num_generated:  # req.num_tokens
                 g = req.num_generated = req.num_generated + 1
                 if g >= req.max_tokens:
-                    req.status = FINISHED
-                    req.finished_step = step
-                    self._release(req)
-                    running.remove(req)
-                    finished.append(req.request_id)
+                    self._finish(req, step, finished)
                     continue
             if req.prompt_len + req.num_generated - c != 1:  # num_tokens - num_computed
                 all_decoding = False
-            elif file_now:  # self._file_event(req), inlined
+            elif cruise:  # self._file_event(req), inlined
                 quiet = len(tables[req.request_id]) * bs - c
                 to_finish = req.max_tokens - req.num_generated - 1
                 if to_finish < quiet:
@@ -298,7 +346,7 @@ class Scheduler:
                 self._cruising = False
         record = StepRecord(
             step=step,
-            scheduled=implicit + len(scheduled),
+            scheduled=cruising + len(scheduled),
             tokens=tokens,
             allocated=allocated,
             hit_tokens=hit_tokens,
@@ -314,6 +362,13 @@ class Scheduler:
         )
         self.step_count += 1
         return record
+
+    def _finish(self, req: SimRequest, step: int, finished: list[str]) -> None:
+        req.status = FINISHED
+        req.finished_step = step
+        self._release(req)
+        self.running.remove(req)
+        finished.append(req.request_id)
 
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepRecord", "WAITING", "RUNNING"]
