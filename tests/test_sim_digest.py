@@ -163,7 +163,7 @@ def digest(workload: str, cruise: bool = True) -> dict:
     pool = result.policy.pool
     per_request = [(r.request_id, r.status, r.num_cached_tokens, r.first_scheduled, r.finished_step, r.num_preemptions,
                     r.num_generated) for r in result.requests]
-    cached = [(name(h), list(blocks)) for h, blocks in pool.cached.items()]
+    cached = [(name(h), blocks) for h, blocks in pool.cached_items()]
     end = (_pool_state(pool, name), cached, pool.num_free, pool.ref_cnt.count(0))
     return {
         "steps": len(result.steps),

@@ -86,9 +86,11 @@ class FreeBlockQueue:
 class BlockPool:
     """`num_blocks` blocks; block 0 is the null block and never handed out.
 
-    `cached` maps a block hash to the blocks holding it, in insertion order: vLLM's
-    `BlockHashToBlockMap` returns the first one (`get_one_block`). A cached block stays
-    cached while free, until allocation pops it from the head of the queue.
+    `cached` maps a block hash to the block holding it or, when several do, to a dict of
+    them in insertion order: vLLM's `BlockHashToBlockMap` (block_pool.py) keeps the same
+    union "to reduce GC costs from the inner dict", and returns the first block
+    (`get_one_block`). A cached block stays cached while free, until allocation pops it
+    from the head of the queue.
     """
 
     __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching", "uncached_first")
@@ -102,7 +104,7 @@ class BlockPool:
         self.queue = FreeBlockQueue(num_blocks)
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, dict[int, None]] = {}
+        self.cached: dict[int, int | dict[int, None]] = {}
         self.evictions = 0  # cached blocks whose hash was dropped on reuse
         # block_pool.py __init__: "self.null_block = self.free_block_queue.popleft()"
         self.queue.popleft_n(1)
@@ -113,7 +115,11 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: int) -> int | None:
         blocks = self.cached.get(block_hash)
-        return next(iter(blocks)) if blocks else None
+        return blocks if blocks is None or type(blocks) is int else next(iter(blocks))
+
+    def cached_items(self) -> list[tuple[int, list[int]]]:
+        """Each cached hash (insertion order) with its blocks (insertion order)."""
+        return [(h, [b] if type(b) is int else list(b)) for h, b in self.cached.items()]
 
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop n blocks from the head; a popped block that was cached loses its hash
@@ -132,9 +138,12 @@ class BlockPool:
     def _uncache(self, block: int) -> None:
         key = self.block_hash[block]
         holders = self.cached[key]
-        del holders[block]
-        if not holders:
+        if type(holders) is int:
             del self.cached[key]
+        else:
+            del holders[block]
+            if not holders:
+                del self.cached[key]
         self.block_hash[block] = None
 
     def touch(self, blocks: Iterable[int]) -> None:
@@ -150,7 +159,16 @@ class BlockPool:
         if self.block_hash[block] is not None:
             return
         self.block_hash[block] = block_hash
-        self.cached.setdefault(block_hash, {})[block] = None
+        if self.cached.setdefault(block_hash, block) != block:
+            self.add_holder(block_hash, block)
+
+    def add_holder(self, block_hash: int, block: int) -> None:
+        """A second block with a cached hash: vLLM does not de-duplicate (NOTE #1 there)."""
+        holders = self.cached[block_hash]
+        if type(holders) is int:
+            self.cached[block_hash] = {holders: None, block: None}
+        else:
+            holders[block] = None
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Drop one reference from each block, given in eviction order (the request's tail first).

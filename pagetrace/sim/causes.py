@@ -27,6 +27,14 @@ def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[in
     out["hit"] = num_hit
     out["partial block"] = prompt - lookup_blocks * block_size
     req.update_hashes(block_size)
+    if req.cache_salt is None:  # one chain: count the missed blocks' hashes in C, not block by block
+        missed = req.block_hashes[num_hit // block_size : lookup_blocks]
+        evicted = sum(map(ever_cached.__contains__, missed))
+        other_key = sum(1 for h in missed if h in ever_cached_content and h not in ever_cached) if ever_cached_content else 0
+        out["evicted"] = evicted * block_size
+        out["different extra key"] = other_key * block_size
+        out["first seen"] = (len(missed) - evicted - other_key) * block_size
+        return out
     for i in range(num_hit // block_size, lookup_blocks):
         h = req.block_hashes[i]
         if h in ever_cached:

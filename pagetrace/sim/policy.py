@@ -199,13 +199,10 @@ class VllmPrefixCaching:
             h = hash((hashes[-1] if i else None, tokens, None))
             hashes.append(h)
             b = blocks[i]
-            if pool.block_hash[b] is None:
+            if pool.block_hash[b] is None:  # pool.cache_block(b, h), inlined
                 pool.block_hash[b] = h
-                cached = pool.cached
-                if h in cached:
-                    cached[h][b] = None
-                else:
-                    cached[h] = {b: None}
+                if pool.cached.setdefault(h, b) != b:
+                    pool.add_holder(h, b)
             self.ever_cached.add(h)
             self.num_cached_block[rid] = full
         return new_blocks
@@ -218,18 +215,15 @@ class VllmPrefixCaching:
         if done >= full:
             return
         req.update_hashes(self.block_size)
-        pool, ever_cached = self.pool, self.ever_cached
-        block_hash, cached = pool.block_hash, pool.cached
-        hashes = req.block_hashes
-        for i in range(done, full):
-            h, b = hashes[i], blocks[i]
+        pool = self.pool
+        block_hash, insert = pool.block_hash, pool.cached.setdefault
+        new_hashes = req.block_hashes[done:full]
+        for h, b in zip(new_hashes, blocks[done:full]):
             if block_hash[b] is None:  # pool.cache_block(b, h), inlined
                 block_hash[b] = h
-                if h in cached:
-                    cached[h][b] = None
-                else:
-                    cached[h] = {b: None}
-            ever_cached.add(h)
+                if insert(h, b) != b:
+                    pool.add_holder(h, b)
+        self.ever_cached.update(new_hashes)
         if req.cache_salt is not None:
             self.ever_cached_content.update(req.content_hashes[done:full])
         self.num_cached_block[rid] = full

@@ -70,19 +70,23 @@ class SimRequest:
         full = (self.prompt_len + self.num_generated) // block_size
         if i >= full:
             return
-        content = self.content_hashes
-        salted = self.cache_salt is not None
         parent = hashes[-1] if i else None
         first = i
         known = self.token_slice(first * block_size, full * block_size)  # one slice for every new block
+        if self.cache_salt is None:  # the common case: no extra keys, one chain
+            append = hashes.append
+            for k in range(0, len(known), block_size):
+                parent = hash((parent, known[k : k + block_size], None))  # hash_block(parent, tokens, None)
+                append(parent)
+            return
+        content = self.content_hashes
         for i in range(first, full):
             k = (i - first) * block_size
             tokens = known[k : k + block_size]
-            extra = (("cache_salt", self.cache_salt),) if salted and i == 0 else None
-            parent = hash((parent, tokens, extra))  # hash_block(parent, tokens, extra), inlined
+            extra = (("cache_salt", self.cache_salt),) if i == 0 else None
+            parent = hash_block(parent, tokens, extra)
             hashes.append(parent)
-            if salted:
-                content.append(hash_block(content[-1] if i else None, tokens, None))
+            content.append(hash_block(content[-1] if i else None, tokens, None))
 
     def content_hash(self, i: int) -> int:
         return self.content_hashes[i] if self.cache_salt is not None else self.block_hashes[i]
