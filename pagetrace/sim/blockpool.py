@@ -124,15 +124,25 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop n blocks from the head; a popped block that was cached loses its hash
         (block_pool.py `get_new_blocks` -> `_maybe_evict_cached_block`)."""
-        if n > self.queue.num_free:
+        queue = self.queue
+        if n > queue.num_free:
             raise ValueError(f"cannot get {n} free blocks from the pool")
-        blocks = self.queue.popleft_n(n)
-        ref, hashes = self.ref_cnt, self.block_hash
-        for b in blocks:
+        # queue.popleft_n(n) and the loop over its blocks, in one pass
+        nxt, prev, ref, hashes = queue.next, queue.prev, self.ref_cnt, self.block_hash
+        blocks = []
+        b = nxt[queue.head]
+        for _ in range(n):
+            blocks.append(b)
             if hashes[b] is not None:
                 self._uncache(b)
                 self.evictions += 1
             ref[b] += 1
+            following = nxt[b]
+            nxt[b] = prev[b] = -1
+            b = following
+        nxt[queue.head] = b
+        prev[b] = queue.head
+        queue.num_free -= n
         return blocks
 
     def _uncache(self, block: int) -> None:
@@ -179,10 +189,13 @@ class BlockPool:
         """
         first, last = [], []
         ref, hashes = self.ref_cnt, self.block_hash
-        caching, split = self.enable_caching, self.uncached_first
+        uncached_to = first.append if self.uncached_first else last.append
+        cached_to = last.append if self.enable_caching else uncached_to
         for b in ordered_blocks:
-            ref[b] -= 1
-            if ref[b] == 0 and b != 0:
-                (first if split and (hashes[b] is None or not caching) else last).append(b)
-        self.queue.prepend_n(first)
-        self.queue.append_n(last)
+            r = ref[b] = ref[b] - 1
+            if not r and b:  # block 0, the null block, is never freed
+                (uncached_to if hashes[b] is None else cached_to)(b)
+        if first:
+            self.queue.prepend_n(first)
+        if last:
+            self.queue.append_n(last)

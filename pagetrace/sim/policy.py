@@ -96,6 +96,8 @@ class VllmPrefixCaching:
         if request_id in self.num_cached_block:  # running: no new hits
             return max(required - held, 0)
         new = max(required - (len(hit_blocks) + held), 0)
+        if not hit_blocks:
+            return new
         # A hit on a free block takes it out of the free queue: it counts against the free blocks.
         ref = self.pool.ref_cnt
         return new + sum(1 for b in hit_blocks if ref[b] == 0)
@@ -144,7 +146,7 @@ class VllmPrefixCaching:
             return None
         blocks = self.req_to_blocks.get(rid)
         if blocks is None:  # first allocation since admission: adopt the hits (`add_local_computed_blocks`)
-            if self.enable_caching:
+            if self.enable_caching and hit_blocks:
                 self.pool.touch(hit_blocks)
             blocks = self.req_to_blocks[rid] = list(hit_blocks)
             self.num_cached_block[rid] = len(hit_blocks)
