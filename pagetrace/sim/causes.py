@@ -22,7 +22,7 @@ CAUSES = ("hit", "partial block", "evicted", "different extra key", "first seen"
 
 def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[int], ever_cached_content: set[int]) -> dict[str, int]:
     out = dict.fromkeys(CAUSES, 0)
-    prompt = len(req.prompt)
+    prompt = req.prompt_len
     lookup_blocks = (prompt - 1) // block_size
     out["hit"] = num_hit
     out["partial block"] = prompt - lookup_blocks * block_size

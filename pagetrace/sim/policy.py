@@ -81,12 +81,12 @@ class VllmPrefixCaching:
         bs = self.block_size
         req.update_hashes(bs)
         hits: list[int] = []
-        get = self.pool.get_cached_block
-        for h in req.block_hashes[: (req.num_tokens - 1) // bs]:
-            block = get(h)
+        get = self.pool.cached.get
+        for h in req.block_hashes[: (req.prompt_len + req.num_generated - 1) // bs]:
+            block = get(h)  # pool.get_cached_block(h), inlined
             if block is None:
                 break
-            hits.append(block)
+            hits.append(block if type(block) is int else next(iter(block)))
         return hits, len(hits) * bs
 
     def _num_blocks_to_allocate(self, request_id: str, num_tokens: int, hit_blocks: list[int]) -> int:

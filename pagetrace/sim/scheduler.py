@@ -267,7 +267,7 @@ class Scheduler:
             while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
                 req = waiting[0]
                 hits, num_hit = policy.lookup(req)
-                n = req.num_tokens - num_hit
+                n = req.prompt_len + req.num_generated - num_hit  # req.num_tokens
                 if not cfg.enable_chunked_prefill and n > budget:
                     break
                 n = min(n, budget)
