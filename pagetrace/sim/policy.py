@@ -1,14 +1,15 @@
 """The KV cache policy the scheduler calls: vLLM V1's prefix-caching block manager.
 
-What the scheduler needs from a policy, in five calls (an SGLang-style radix cache
-would be a second class with the same five):
+What the scheduler needs from a policy, in four calls (an SGLang-style radix cache
+would be a second class with the same four):
 - `lookup(req)`: the cached blocks and tokens of the longest prefix hit;
 - `allocate_slots(req, num_new_tokens, hit_blocks, num_hit_tokens, full_sequence_must_fit)`:
   blocks for the request's next tokens, or None when the pool cannot give them;
-- `allocate_decode(req)`: `allocate_slots(req, 1)` for a decoding request, the call the
-  scheduler makes at every cruising event (a policy may simply forward it);
 - `free(req)`: release the request's blocks;
 - `block_ids(request_id)`: the request's block table.
+A policy that also has `decode_blocks`, `decode_hashes` and `decode_cache` (and
+`max_model_len`, `enable_caching`) lets the scheduler cruise (pagetrace/sim/cruise.py);
+without them every step runs explicitly, with the same result, only slower.
 
 `VllmPrefixCaching` is `KVCacheManager` (vllm/v1/core/kv_cache_manager.py) and
 `FullAttentionManager` (single_type_kv_cache_manager.py) for one full-attention group,
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from ..blocks import cdiv
 from .blockpool import BlockPool
-from .request import SimRequest
+from .request import SimRequest, hash_block
 
 
 class KVCachePolicy(Protocol):
@@ -39,8 +40,6 @@ class KVCachePolicy(Protocol):
         num_hit_tokens: int = 0,
         full_sequence_must_fit: bool = False,
     ) -> list[int] | None: ...
-
-    def allocate_decode(self, req: SimRequest) -> list[int] | None: ...
 
     def free(self, req: SimRequest) -> None: ...
 
@@ -158,56 +157,64 @@ class VllmPrefixCaching:
             self._cache_blocks(req, blocks, min(total_computed + num_new_tokens, req.num_tokens))
         return new_blocks
 
-    def allocate_decode(self, req: SimRequest) -> list[int] | None:
-        """`allocate_slots(req, 1)` for a running request one token short of its known tokens
-        (a decode step), with the same effect: at most one new block, popped off the free
-        queue's head, and at most one newly full block, hashed and cached. The scheduler's
-        cruising steps call this at every event; anything unusual takes the general path."""
-        c = req.num_computed
-        if c + 1 > self.max_model_len or req.prompt_len + req.num_generated != c + 1:
-            return self.allocate_slots(req, 1)
-        rid = req.request_id
-        blocks = self.req_to_blocks[rid]
-        bs, pool = self.block_size, self.pool
-        if c == len(blocks) * bs:  # its next token starts a block: get_new_blocks(1), inlined
-            queue = pool.queue
-            if not queue.num_free:
-                return None
-            nxt, prev = queue.next, queue.prev
-            head = queue.head
-            b = nxt[head]
-            following = nxt[b]
-            nxt[head], prev[following] = following, head
-            nxt[b] = prev[b] = -1
-            queue.num_free -= 1
-            if pool.block_hash[b] is not None:
-                pool._uncache(b)
-                pool.evictions += 1
-            pool.ref_cnt[b] += 1
-            blocks.append(b)
-            new_blocks = [b]
-        else:
-            new_blocks = []
-        full = (c + 1) // bs
-        if self.enable_caching and full > self.num_cached_block[rid]:  # its token fills a block
-            i = full - 1
-            hashes = req.block_hashes
-            if self.num_cached_block[rid] != i or len(hashes) != i or req.cache_salt is not None:
-                self._cache_blocks(req, blocks, c + 1)
-                return new_blocks
-            # update_hashes for one block, then _cache_blocks for it, inlined (same tuple, same hash)
-            p, start = req.prompt_len, i * bs
-            tokens = tuple(req.output[start - p : full * bs - p]) if start >= p else req.token_slice(start, full * bs)
-            h = hash((hashes[-1] if i else None, tokens, None))
-            hashes.append(h)
-            b = blocks[i]
-            if pool.block_hash[b] is None:  # pool.cache_block(b, h), inlined
-                pool.block_hash[b] = h
-                if pool.cached.setdefault(h, b) != b:
-                    pool.add_holder(h, b)
-            self.ever_cached.add(h)
-            self.num_cached_block[rid] = full
+    # The scheduler's cruising steps (pagetrace/sim/cruise.py): the one-token `allocate_slots`
+    # of many decoding requests at once, in running order, with the same effect.
+
+    def decode_blocks(self, reqs: list[SimRequest]) -> list[int]:
+        """One new block for each of these requests (their next token starts a block), off
+        the free queue's head in order. The caller has checked that the pool has them."""
+        new_blocks = self.pool.get_new_blocks(len(reqs))
+        tables = self.req_to_blocks
+        for req, b in zip(reqs, new_blocks):
+            tables[req.request_id].append(b)
         return new_blocks
+
+    def decode_hashes(self, reqs: list[SimRequest]) -> list[int] | None:
+        """The hash of the block each of these requests' next token fills (its
+        `num_cached_block`-th), added to its chain as `update_hashes` would. None when one
+        of them is already cached: then vLLM's request-by-request order of evictions and
+        fills decides where that hash sits in the cache, and the step must run explicitly."""
+        bs, done, cached = self.block_size, self.num_cached_block, self.pool.cached
+        out = []
+        for req in reqs:
+            i = done[req.request_id]
+            hashes = req.block_hashes
+            if len(hashes) > i:  # hashed before (by a lookup, or before a preemption)
+                h = hashes[i]
+            elif len(hashes) < i:
+                return None
+            else:
+                p, start = req.prompt_len, i * bs
+                tokens = tuple(req.output[start - p : start + bs - p]) if start >= p else req.token_slice(start, start + bs)
+                parent = hashes[-1] if i else None
+                if req.cache_salt is None:
+                    h = hash((parent, tokens, None))  # hash_block(parent, tokens, None), inlined
+                else:  # the salt is the first block's extra key (update_hashes)
+                    h = hash_block(parent, tokens, (("cache_salt", req.cache_salt),) if i == 0 else None)
+                    content = req.content_hashes
+                    content.append(hash_block(content[-1] if i else None, tokens, None))
+                hashes.append(h)
+            if h in cached:
+                return None
+            out.append(h)
+        return out
+
+    def decode_cache(self, reqs: list[SimRequest], hashes: list[int]) -> None:
+        """Cache the blocks of `decode_hashes` (`_cache_blocks` for one block each)."""
+        pool, done, tables = self.pool, self.num_cached_block, self.req_to_blocks
+        block_hash, insert = pool.block_hash, pool.cached.setdefault
+        for req, h in zip(reqs, hashes):
+            rid = req.request_id
+            i = done[rid]
+            b = tables[rid][i]
+            if block_hash[b] is None:  # pool.cache_block(b, h), inlined
+                block_hash[b] = h
+                if insert(h, b) != b:
+                    pool.add_holder(h, b)
+            done[rid] = i + 1
+            if req.cache_salt is not None:
+                self.ever_cached_content.add(req.content_hashes[i])
+        self.ever_cached.update(hashes)
 
     def _cache_blocks(self, req: SimRequest, blocks: list[int], num_tokens: int) -> None:
         """`cache_blocks` -> block_pool.py `cache_full_blocks`: register newly full blocks."""

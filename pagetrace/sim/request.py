@@ -38,7 +38,7 @@ class SimRequest:
     prompt_len: int = field(init=False)
     seq: int = 0  # admission order: the running list is sorted by it
     synced: int = 0  # step at whose start num_computed/num_generated hold (cruising requests run ahead)
-    event_step: int = -1  # next step a cruising request allocates, caches or finishes
+    last_step: int = -1  # the step a cruising request samples its last token
     max_tokens: int = field(init=False)  # len(output), kept as a field: the scheduler reads it every event
 
     def __post_init__(self) -> None:

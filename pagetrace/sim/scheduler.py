@@ -16,30 +16,23 @@ no speculative decoding, no KV connector, no encoder:
    token; a request with all its output tokens finishes and frees its blocks, in the
    order requests were scheduled.
 
-Cruising (the simulator's speed, not vLLM's logic): when every running request is decoding
-and the budget covers them all, a request's step changes nothing in the pool unless it
-needs a new block, fills a block (which gets cached) or finishes. Such a request only counts
-tokens, so its counters are left to advance with the step number (`synced`) and it is
-touched only at its next event step; the others run exactly as above, in running order. A
-step with a prefill chunk runs every request explicitly. At an event the request asks the
-policy's `allocate_decode` (the one-token `allocate_slots` without its generic parts) and,
-after the step's update, files its next event at once. The whole observable behaviour (steps,
-tables, requests, pool) is pinned by digests taken before this was made fast
-(tests/test_sim_digest.py), with cruising on and off.
+Cruising (the simulator's speed, not vLLM's logic; pagetrace/sim/cruise.py): while every
+running request is decoding and the budget covers them all, a request is touched only at the
+steps where it takes a new block, fills a block or finishes, in batches; any step where that
+could differ from the order above runs explicitly. The whole observable behaviour (steps,
+tables, requests, pool) is pinned by digests (tests/test_sim_digest.py), with cruising on
+and off.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from .causes import CAUSES, classify
+from .cruise import Calendar
 from .policy import KVCachePolicy
 from .request import FINISHED, PREEMPTED, RUNNING, WAITING, SimRequest
-
-
-_by_seq = attrgetter("seq")  # admission order
 
 
 @dataclass(slots=True)
@@ -80,11 +73,15 @@ class Scheduler:
     num_preemptions: int = 0
     causes: dict = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # prompt tokens by hit/miss cause
     cruise: bool = True  # skip the requests whose step changes nothing (exact; see the module doc)
-    _cruising: bool = False  # every running request is decoding and has its event step filed
-    _events: dict = field(default_factory=dict)  # step -> cruising requests with an event then
+    _cruising: bool = False  # every running request is decoding and filed in the calendar
+    _calendar: Calendar | None = None  # None: the policy cannot cruise
     _seq: int = 0
     _held_slots: int = 0  # slots of the running requests' blocks
     _computed: int = 0  # tokens computed by the running requests
+
+    def __post_init__(self) -> None:
+        if hasattr(self.policy, "decode_blocks"):
+            self._calendar = Calendar(self.policy)
 
     def add(self, req: SimRequest) -> None:
         self.waiting.append(req)
@@ -97,25 +94,12 @@ class Scheduler:
         req.num_generated += d
         req.synced = step
 
-    def _file_event(self, req: SimRequest) -> None:
-        """The next step at which this decoding request allocates, caches or finishes."""
-        policy = self.policy
-        bs = policy.block_size
-        c = req.num_computed
-        quiet = len(policy.req_to_blocks[req.request_id]) * bs - c  # steps until it needs a new block
-        to_finish = req.max_tokens - req.num_generated - 1
-        if to_finish < quiet:
-            quiet = to_finish
-        if policy.enable_caching:
-            to_fill = (bs - (c + 1) % bs) % bs  # steps until it fills a block (which gets cached)
-            if to_fill < quiet:
-                quiet = to_fill
-        event = req.event_step = req.synced + quiet
-        events = self._events
-        if event in events:
-            events[event].append(req)
-        else:
-            events[event] = [req]
+    def _stop_cruising(self, step: int) -> None:
+        """Bring every running request's counters to the start of `step`; run explicitly."""
+        for r in self.running:
+            self._sync(r, step)
+        self._calendar.clear()
+        self._cruising = False
 
     def _release(self, req: SimRequest) -> None:
         self._held_slots -= len(self.policy.block_ids(req.request_id)) * self.policy.block_size
@@ -139,71 +123,11 @@ class Scheduler:
             if new_blocks is not None:
                 self._held_slots += len(new_blocks) * self.policy.block_size
                 return new_blocks
-            victim = running.pop()
-            if self._cruising:
-                self._sync(victim, self.step_count)
+            victim = running.pop()  # (never while cruising: the calendar runs such a step explicitly)
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is req:
                 return None
-
-    def _run_events(self, step: int, preempted: list[str], finishing: list[SimRequest]) -> tuple[int, int]:
-        """A cruising step's requests with an event, in running order: each asks the policy for
-        its token's slot (`allocate_decode`), then takes its token (`update_from_output`) and
-        files its next event at once. Nothing else in the step reads these requests' counters;
-        one that samples its last token waits in `finishing`, freed after admission as in vLLM.
-        Returns (requests run, blocks allocated)."""
-        due = self._events.pop(step, None)
-        if not due:
-            return 0, 0
-        if len(due) > 1:
-            due.sort(key=_by_seq)
-        policy = self.policy
-        allocate_decode = policy.allocate_decode
-        events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
-        ran = allocated = held = 0
-        after = step + 1
-        for req in due:
-            # A request filed twice for this step, or filed before a preemption, is skipped:
-            # its event_step has moved on (every new event is after this step) or it is not running.
-            if req.event_step != step or req.status != RUNNING:
-                continue
-            d = step - req.synced  # self._sync(req, step), the step count left for below
-            c = req.num_computed = req.num_computed + d
-            g = req.num_generated = req.num_generated + d
-            new_blocks = allocate_decode(req)
-            if new_blocks is None:  # the pool is out of blocks: preempt until it fits
-                req.synced = step
-                new_blocks = self._allocate_running(req, 1, preempted)
-                if new_blocks is None:
-                    break
-                allocated += len(new_blocks)
-            elif new_blocks:
-                allocated += len(new_blocks)
-                held += len(new_blocks)
-            ran += 1
-            c = req.num_computed = c + 1  # a decode step: one token computed, one sampled
-            g = req.num_generated = g + 1
-            req.synced = after
-            if g >= req.max_tokens:
-                req.event_step = -1
-                finishing.append(req)
-                continue
-            quiet = len(tables[req.request_id]) * bs - c  # self._file_event(req), inlined
-            to_finish = req.max_tokens - g - 1
-            if to_finish < quiet:
-                quiet = to_finish
-            if caching:
-                to_fill = (bs - (c + 1) % bs) % bs
-                if to_fill < quiet:
-                    quiet = to_fill
-            event = req.event_step = after + quiet
-            if event in events:
-                events[event].append(req)
-            else:
-                events[event] = [req]
-        self._held_slots += held * bs
-        return ran, allocated
 
     def _run_explicit(self, preempted: list[str], scheduled: list[tuple[SimRequest, int]]) -> tuple[int, int]:
         """Every running request in order, each asking for its remaining tokens within the
@@ -243,20 +167,21 @@ class Scheduler:
         evictions_before = pool.evictions
         running = self.running
         cruise = self._cruising and self.cruise and len(running) <= cfg.max_num_batched_tokens
+        if cruise:
+            done = self._calendar.run(step)
+            cruise = done is not None
         if self._cruising and not cruise:
-            for r in running:
-                self._sync(r, step)
-            self._events.clear()
-            self._cruising = False
+            self._stop_cruising(step)
         scheduled: list[tuple[SimRequest, int]] = []  # requests run through the loop below, in order
         hit_tokens = 0
         preempted: list[str] = []
         admitted: list[str] = []
         finishing: list[SimRequest] = []
 
-        if cruise:  # only the requests with an event; every other running request takes its one token
-            ran, allocated = self._run_events(step, preempted, finishing)
-            cruising = len(running)  # every running request's one token, the event ones' included
+        if cruise:  # the calendar did the pool's work; every running request takes its one token
+            allocated, finishing = done
+            self._held_slots += allocated * policy.block_size
+            cruising = len(running)
             budget = cfg.max_num_batched_tokens - cruising
         else:
             budget, allocated = self._run_explicit(preempted, scheduled)
@@ -301,11 +226,10 @@ class Scheduler:
         self._computed += tokens
         finished: list[str] = []
         for req in finishing:  # update_from_output frees in the order requests ran
+            self._sync(req, step + 1)
             self._finish(req, step, finished)
         all_decoding = True
-        # While cruising, each request still decoding files its next event at once (a
-        # prefill chunk anywhere clears them all below); bs, caching, tables: as _file_event.
-        events, tables, bs, caching = self._events, policy.req_to_blocks, policy.block_size, policy.enable_caching
+        stay = cruise  # while cruising, each admitted request now decoding is filed at once
         for req, n in scheduled:  # `_update_after_schedule`, then `update_from_output`
             c = req.num_computed = req.num_computed + n
             req.synced = step + 1
@@ -315,35 +239,24 @@ class Scheduler:
                     self._finish(req, step, finished)
                     continue
             if req.prompt_len + req.num_generated - c != 1:  # num_tokens - num_computed
-                all_decoding = False
-            elif cruise:  # self._file_event(req), inlined
-                quiet = len(tables[req.request_id]) * bs - c
-                to_finish = req.max_tokens - req.num_generated - 1
-                if to_finish < quiet:
-                    quiet = to_finish
-                if caching:
-                    to_fill = (bs - (c + 1) % bs) % bs
-                    if to_fill < quiet:
-                        quiet = to_fill
-                event = req.event_step = step + 1 + quiet
-                if event in events:
-                    events[event].append(req)
+                all_decoding = stay = False
+            elif stay:
+                if self._calendar.fits(req):
+                    self._calendar.file(req, step + 1)
                 else:
-                    events[event] = [req]
-        if self.cruise:
-            if cruise and all_decoding:
+                    stay = False
+        calendar = self._calendar
+        if self.cruise and calendar is not None:
+            if stay:
                 pass  # filed above
-            elif all_decoding and all(r.num_tokens - r.num_computed == 1 for r in running):
-                self._events.clear()
+            elif cruise:  # a prefill chunk continues, or a request reaches max_model_len: run explicitly
+                self._stop_cruising(step + 1)
+            elif all_decoding and all(r.num_tokens - r.num_computed == 1 and calendar.fits(r) for r in running):
+                calendar.clear()
                 for req in running:
                     req.synced = step + 1
-                    self._file_event(req)
+                    calendar.file(req, step + 1)
                 self._cruising = True
-            elif cruise:  # a prefill chunk continues: the next step runs everyone explicitly
-                for r in running:
-                    self._sync(r, step + 1)
-                self._events.clear()
-                self._cruising = False
         record = StepRecord(
             step=step,
             scheduled=cruising + len(scheduled),
