@@ -131,10 +131,19 @@ class BlockPool:
         nxt, prev, ref, hashes = queue.next, queue.prev, self.ref_cnt, self.block_hash
         blocks = []
         b = nxt[queue.head]
+        cached = self.cached
         for _ in range(n):
             blocks.append(b)
-            if hashes[b] is not None:
-                self._uncache(b)
+            key = hashes[b]
+            if key is not None:  # self._uncache(b), inlined: the block's hash is dropped
+                holders = cached[key]
+                if type(holders) is int:
+                    del cached[key]
+                else:
+                    del holders[b]
+                    if not holders:
+                        del cached[key]
+                hashes[b] = None
                 self.evictions += 1
             ref[b] += 1
             following = nxt[b]

@@ -61,14 +61,16 @@ class Calendar:
         bs = policy.block_size
         c = req.num_computed
         last = req.last_step = step + req.max_tokens - req.num_generated - 1
-        _add(self.last, last, [req])
-        first = step + len(policy.block_ids(req.request_id)) * bs - c  # its token starts a block
-        if first <= last:
-            _add(self.new_block, first, [req])
+        when = [(self.last, last), (self.new_block, step + len(policy.block_ids(req.request_id)) * bs - c)]
         if policy.enable_caching:
-            first = step + (bs - (c + 1) % bs) % bs  # its token fills a block
-            if first <= last:
-                _add(self.fill, first, [req])
+            when.append((self.fill, step + (bs - (c + 1) % bs) % bs))  # the step its token fills a block
+        for calendar, t in when:
+            if t <= last:
+                filed = calendar.get(t)
+                if filed is None:
+                    calendar[t] = [req]
+                else:
+                    filed.append(req)
 
     def clear(self) -> None:
         self.new_block.clear()
