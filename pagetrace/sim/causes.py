@@ -26,7 +26,8 @@ def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[in
     lookup_blocks = (prompt - 1) // block_size
     out["hit"] = num_hit
     out["partial block"] = prompt - lookup_blocks * block_size
-    req.update_hashes(block_size)
+    if len(req.block_hashes) < lookup_blocks:  # (the lookup hashed them when caching is on)
+        req.update_hashes(block_size)
     if req.cache_salt is None:  # one chain: count the missed blocks' hashes in C, not block by block
         missed = req.block_hashes[num_hit // block_size : lookup_blocks]
         evicted = sum(map(ever_cached.__contains__, missed))

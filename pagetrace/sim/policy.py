@@ -223,7 +223,8 @@ class VllmPrefixCaching:
         full = num_tokens // self.block_size
         if done >= full:
             return
-        req.update_hashes(self.block_size)
+        if len(req.block_hashes) < full:  # (the prompt's were hashed by the lookup)
+            req.update_hashes(self.block_size)
         pool = self.pool
         block_hash, insert = pool.block_hash, pool.cached.setdefault
         new_hashes = req.block_hashes[done:full]
