@@ -28,9 +28,15 @@ def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[in
     out["partial block"] = prompt - lookup_blocks * block_size
     if len(req.block_hashes) < lookup_blocks:  # (the lookup hashed them when caching is on)
         req.update_hashes(block_size)
-    if req.cache_salt is None:  # one chain: count the missed blocks' hashes in C, not block by block
+    if req.cache_salt is None:
         missed = req.block_hashes[num_hit // block_size : lookup_blocks]
-        evicted = sum(map(ever_cached.__contains__, missed))
+        # A chain is cached from its first block on (a hash covers its whole prefix), so the
+        # missed blocks that were ever cached are the leading ones: one probe past them.
+        evicted = 0
+        for h in missed:
+            if h not in ever_cached:
+                break
+            evicted += 1
         other_key = sum(1 for h in missed if h in ever_cached_content and h not in ever_cached) if ever_cached_content else 0
         out["evicted"] = evicted * block_size
         out["different extra key"] = other_key * block_size
