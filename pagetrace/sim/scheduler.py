@@ -296,6 +296,7 @@ class Scheduler:
                     self._sync(r, step + 1)
                 self._events.clear()
                 self._cruising = False
+        policy.end_step()
         record = StepRecord(
             step=step,
             scheduled=implicit + len(scheduled),

@@ -49,7 +49,7 @@ def summarize(result: SimResult, causes: dict[str, int], block_size: int, max_mo
     pool = result.policy.pool
     capacity = (pool.num_blocks - 1) * block_size  # the same memory, as contiguous slots
     reqs = result.requests
-    waste = [paged_waste(result.steps, block_size)] + [
+    waste = [paged_waste(result.steps, block_size, result.policy.label)] + [
         contiguous_waste(reqs, capacity, mode, max_model_len, max_num_seqs) for mode in ("max", "pow2", "oracle")
     ]
     return Summary(
