@@ -490,6 +490,59 @@ def test_policy_matches_sglangs_own_radix_cache(sglang, case):
     check_against(lambda ref, ps: SglangTree(sglang, ref, ps), case)
 
 
+def check_accounting(policy: SglangRadixCache) -> None:
+    """Every usable page is in exactly one place (free list, tree, a request's own pages);
+    counts, locks and the evictable leaves agree with the tree as it stands."""
+    nodes, stack = [], list(policy.root.children.values())
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.children.values())
+    tree = [p for n in nodes for p in n.pages]
+    own = [p for rid, t in policy.req_to_blocks.items() for p in t[policy._protected[rid]:]]
+    free = list(policy.pool.free)
+    assert sorted(tree + own + free) == list(range(1, policy.pool.num_blocks))
+    assert policy.pool.evictable == sum(len(n.pages) for n in nodes if n.lock_ref == 0)
+    assert policy.evictable_leaves == {n for n in nodes if n.lock_ref == 0 and not n.children}
+    holders = {}
+    for t in policy.req_to_blocks.values():
+        for p in t:
+            holders[p] = holders.get(p, 0) + 1
+    assert all(policy.pool.ref_cnt[p] == holders.get(p, 0) for p in range(policy.pool.num_blocks))
+    for n in nodes:
+        locks = 0
+        for rid, locked in policy._node.items():
+            while locked is not None and locked is not n:
+                locked = locked.parent
+            locks += locked is n
+        assert n.lock_ref == locks
+    for rid, t in policy.req_to_blocks.items():  # the tree's part of a table is the path to its locked node
+        path, node = [], policy._node[rid]
+        while node is not policy.root:
+            path[:0] = node.pages
+            node = node.parent
+        assert t[: policy._protected[rid]] == path
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("case", CASES[::2] + CASES[3:4], ids=lambda c: f"ps{c[0]}-seed{c[3]}" if isinstance(c, tuple) else str(c))
+def test_pool_accounting_holds_after_every_step(case, caching):
+    ps, blocks, budget, seed, n, salts = case
+    spec = workload(seed, n, ps, salts)
+    blocks = max(blocks, max(cdiv(len(p) + len(o) - 1, ps) for _, p, o, _, _ in spec) + 2)
+    policy = SglangRadixCache(blocks, ps, enable_caching=caching)
+    sched = Scheduler(policy, SchedulerConfig(budget, 16))
+    pending = sorted(requests(spec), key=lambda r: r.arrival)
+    while pending or sched.waiting or sched.running:
+        while pending and pending[0].arrival <= sched.step_count:
+            sched.add(pending.pop(0))
+        sched.step()
+        check_accounting(policy)
+    assert not policy.req_to_blocks and policy.pool.num_free == blocks - 1
+    if not caching:
+        assert not policy.root.children and sorted(policy.pool.free) == list(range(1, blocks))
+
+
 # -- hand-built scenarios, numbers worked out by hand ----------------------------------------
 
 

@@ -22,6 +22,7 @@ class Summary:
     usable_blocks: int
     evictions: int
     waste: list[Waste]
+    cache: str = "vLLM (paged)"  # the policy's label
 
     @property
     def hit_rate(self) -> float:
@@ -64,4 +65,5 @@ def summarize(result: SimResult, causes: dict[str, int], block_size: int, max_mo
         usable_blocks=pool.num_blocks - 1,
         evictions=pool.evictions,
         waste=waste,
+        cache=result.policy.label,
     )
