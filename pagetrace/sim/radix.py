@@ -332,8 +332,10 @@ class SglangRadixCache:
         new.children[child.child_key] = child
         return new
 
-    def _match_prefix(self, tokens: tuple, salt: str | None) -> tuple[list[int], TreeNode]:
-        """`_match_prefix_helper`: the pages of the longest cached prefix and its last node."""
+    def _walk(self, tokens: tuple, salt: str | None) -> tuple[int, list[int], TreeNode]:
+        """The loop of `_match_prefix_helper` and `_insert_helper`: follow tokens from the root,
+        stamp each node passed, split the one they leave mid-way (a split node's one child
+        then differs from them, so both loops end there). Tokens matched, their pages, last node."""
         self._tick += 1
         node = self.root
         node.last_access = self._tick
@@ -345,29 +347,21 @@ class SglangRadixCache:
                 break
             child.last_access = self._tick
             m = self._match_len(child.key, tokens, i)
-            if m < len(child.key):
-                node = self._split(child, m, salt)
-                pages += node.pages
-                break
-            pages += child.pages
-            node = child
             i += m
+            node = self._split(child, m, salt) if m < len(child.key) else child
+            pages += node.pages
+            if node is not child:
+                break
+        return i, pages, node
+
+    def _match_prefix(self, tokens: tuple, salt: str | None) -> tuple[list[int], TreeNode]:
+        """`match_prefix`: the pages of the longest cached prefix and its last node."""
+        _, pages, node = self._walk(tokens, salt)
         return pages, node
 
     def _insert(self, tokens: tuple, pages: list[int], salt: str | None) -> int:
         """`_insert_helper`: tokens already in the tree (the prefix length); the rest becomes a leaf."""
-        self._tick += 1
-        node = self.root
-        node.last_access = self._tick
-        i = 0
-        while i < len(tokens):
-            child = node.children.get(self._key(tokens, i, salt))
-            if child is None:
-                break
-            child.last_access = self._tick
-            m = self._match_len(child.key, tokens, i)
-            i += m
-            node = self._split(child, m, salt) if m < len(child.key) else child
+        i, _, node = self._walk(tokens, salt)
         if i < len(tokens):
             ps = self.block_size
             leaf = self._new_node(node, tokens[i:], pages[i // ps :], self._key(tokens, i, salt))
