@@ -19,7 +19,8 @@ SGLang 0.5.23's (the PyPI wheel), python/sglang/srt/mem_cache/:
   tokens go into the tree; pages the request computed that the tree already holds are
   freed (`free_segment(kv_indices[cache_protected_len:prefix_len])`) and the request's
   row is rebound to the tree's pages; its lock moves to the new last node. On finish the
-  unaligned tail page is freed too and the lock dropped. A preempted (retracted) request
+  unaligned tail page is freed too and the lock dropped (earlier releases name these two
+  `cache_unfinished_req` and `cache_finished_req`). A preempted (retracted) request
   is released with `checkpoint=False` (schedule_batch.py: "TODO: for preempted requests,
   we may want to insert into the tree"): only its pages outside the tree are freed.
 - allocator/paged.py `PagedTokenToKVPoolAllocator` (page_size > 1): free pages
@@ -38,7 +39,7 @@ request's; SGLang's own batch estimate of one spare page per request is not mode
 `lookup` = `match_prefix` of the first `num_tokens - 1` tokens (schedule_batch.py
 `_compute_max_prefix_len`: "at most 1 less than the input length"); `allocate_slots`
 locks the match, evicts, takes pages; a prefill chunk is checkpointed and a finished
-request released after the step (`end_step`), in batch order; a preempted one is
+request released after the step (`end_step`), in batch order (`seq`); a preempted one is
 released at once. Access times are a counter, ties broken by node creation order.
 """
 
