@@ -1,13 +1,14 @@
 """The torch backend: paged attention in plain torch, for CPUs and anything without the kernel.
 
-Decode and other short query runs read a sequence's blocks in chunks: each chunk of
-blocks is copied by `index_select` into one reused buffer of about `CHUNK_BYTES` (small
-enough to stay in the CPU's caches), and the scores are one batched matmul per chunk
-that reads the buffer in place (each KV head's keys are a matrix with a row stride of
-num_kv_heads * head_dim, which BLAS takes as it is). Softmax runs over the whole row,
-then the values are read the same way. Compared with gathering the whole sequence and
-calling SDPA, this never writes a sequence-sized copy into fresh memory, which on these
-CPUs costs more than the attention itself (bench/bench_prefill.py, "torch vs SDPA").
+Decode and other short query runs read a sequence's blocks in chunks of about
+`CHUNK_BYTES`: `index_select` copies a chunk of blocks into a buffer this thread keeps
+between calls (see `_scratch`), the scores are one batched matmul per chunk, softmax
+runs over the whole row, then the values are read the same way. An nhd chunk is read as
+tokens (each KV head a matrix with a row stride of num_kv_heads * head_dim, which BLAS
+takes as it is); an hnd or vLLM value chunk as blocks (each (block, KV head) a matrix as
+stored); see `_Reader`. Compared with gathering the whole sequence and calling SDPA, this
+never writes a sequence-sized copy into fresh memory, which on these CPUs costs more than
+the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md).
 
 A long prefill would need a q_len x seq_len score matrix per head; past `SCORES_BYTES`
 the sequence goes through the reference's gather + fused SDPA instead.
