@@ -3,6 +3,7 @@
     python bench/bench_prefill.py            # about 5 minutes on 2 cores
     python bench/bench_prefill.py --quick    # seconds: CI's smoke run
     python bench/bench_prefill.py --sdpa-only  # only the torch path against SDPA (a minute)
+    python bench/bench_prefill.py --chunks 1024,2048,4096,8192  # 4k decode against SDPA per chunk size (KiB)
 
 Prefill: one sequence whose whole prompt is new (q_len = seq_len), fp32, nhd, block
 size 16, scrambled tables; the interpreter and the torch path, each point in its own
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -112,27 +114,66 @@ def against_sdpa(quick: bool) -> list[dict]:
             return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
 
         diff = float((paged() - sdpa()[0].transpose(0, 1)).abs().max())
-        a, b = [], []
-        for _ in range(3 if quick or q_len > 1 else 9):
+        for _ in range(0 if q_len > 1 else 5):  # warm both up: first calls fault in buffers and start threads
+            paged(), sdpa()
+        a, b, faults = [], [], {paged: 0, sdpa: 0}
+        for _ in range(3 if q_len > 1 else 9 if quick else 31):
             for f, acc in ((paged, a), (sdpa, b)):
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 start = time.perf_counter()
                 f()
                 acc.append(time.perf_counter() - start)
+                faults[f] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
         rows.append({"seq_len": seq_len, "q_len": q_len, "layout": layout, "paged_s": statistics.median(a), "sdpa_s": statistics.median(b),
-                     "ratio": statistics.median(a) / statistics.median(b), "max_abs_diff": diff})
+                     "ratio": statistics.median(a) / statistics.median(b), "max_abs_diff": diff,
+                     "faults": (faults[paged] / len(a), faults[sdpa] / len(b))})
         print(f"  torch vs SDPA {seq_len:>6}/{q_len:<5} {layout}: {rows[-1]['ratio']:.2f}x", file=sys.stderr, flush=True)
     return rows
+
+
+def chunk_sizes(kib: list[int]) -> None:
+    """The 4k-token nhd decode against SDPA with torch_path.CHUNK_BYTES set to each size, interleaved."""
+    import torch
+    import torch.nn.functional as F
+
+    from pagetrace import paged_attention, torch_path
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    args, k, v = paged_inputs(32, 8, 128, 4096, 1)
+    kt, vt, qt = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous(), args["query"].transpose(0, 1)[None]
+    calls = {"sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)}
+    for size in kib:
+        def paged(size=size):
+            torch_path.CHUNK_BYTES = size << 10
+            return paged_attention(**args, backend="torch")
+        calls[f"{size} KiB"] = paged
+    times = {name: [] for name in calls}
+    for rep in range(36):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if rep >= 5:  # five warm-up rounds
+                times[name].append(time.perf_counter() - start)
+    sdpa = statistics.median(times["sdpa"])
+    print("| chunk | torch path | SDPA | ratio |\n|---|---|---|---|")
+    for name in list(calls)[1:]:
+        t = statistics.median(times[name])
+        print(f"| {name} | {t * 1e3:.1f} ms | {sdpa * 1e3:.1f} ms | {t / sdpa:.2f}x |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sdpa-only", action="store_true", help="only the torch path against SDPA")
+    parser.add_argument("--chunks", help="comma-separated chunk sizes in KiB: the 4k decode against SDPA for each")
     parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         backend, *nums = args.one
         print(json.dumps(one_point(backend, *map(int, nums))))
+        return
+    if args.chunks:
+        chunk_sizes([int(x) for x in args.chunks.split(",")])
         return
     pre = [] if args.sdpa_only else prefill(args.quick)
     sd = against_sdpa(args.quick)
@@ -140,9 +181,9 @@ def main() -> None:
     print("\n| backend | heads/kv/dim | prompt | cold (first call) | median | GFLOP/s |\n|---|---|---|---|---|---|")
     for r in pre:
         print(f"| {r['backend']} | {r['shape']} | {r['tokens']} | {r['cold_s']:.3f} s | {r['median_s']:.3f} s | {r['gflops']:.1f} |")
-    print("\n| seq_len | new tokens | layout | torch path (paged) | SDPA (contiguous) | ratio | max abs diff |\n|---|---|---|---|---|---|---|")
+    print("\n| seq_len | new tokens | layout | torch path (paged) | SDPA (contiguous) | ratio | max abs diff | page faults a call |\n|---|---|---|---|---|---|---|---|")
     for r in sd:
-        print(f"| {r['seq_len']} | {r['q_len']} | {r['layout']} | {r['paged_s'] * 1e3:.1f} ms | {r['sdpa_s'] * 1e3:.1f} ms | {r['ratio']:.2f}x | {r['max_abs_diff']:.1e} |")
+        print(f"| {r['seq_len']} | {r['q_len']} | {r['layout']} | {r['paged_s'] * 1e3:.1f} ms | {r['sdpa_s'] * 1e3:.1f} ms | {r['ratio']:.2f}x | {r['max_abs_diff']:.1e} | {r['faults'][0]:.0f} / {r['faults'][1]:.0f} |")
 
 
 if __name__ == "__main__":

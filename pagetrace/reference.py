@@ -18,17 +18,20 @@ CANONICAL = ("block", "slot", "head", "dim")
 
 
 def canonical_cache(cache: torch.Tensor, layout: str, which: str) -> torch.Tensor:
-    """View any layout's cache as ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+    """View any layout's cache as ``[num_blocks, block_size, num_kv_heads, head_dim]`` (a copy for split keys)."""
+    view = canonical_view(cache, layout, which)
+    return view.reshape(*view.shape[:3], -1) if view.dim() == 5 else view
+
+
+def canonical_view(cache: torch.Tensor, layout: str, which: str) -> torch.Tensor:
+    """`canonical_cache` without a copy: a key split in runs of x stays ``[..., head_dim // x, x]``."""
     lay = get_layout(layout)
     axes = list(lay.key_axes if which == "key" else lay.value_axes)
     if "head" not in axes:
         cache = cache.unsqueeze(-1)
         axes.append("head")
-    if "dim_hi" in axes:
-        order = [axes.index(a) for a in ("block", "slot", "head", "dim_hi", "dim_lo")]
-        cache = cache.permute(order)
-        return cache.reshape(*cache.shape[:3], cache.shape[3] * cache.shape[4])
-    return cache.permute([axes.index(a) for a in CANONICAL])
+    names = ("block", "slot", "head", "dim_hi", "dim_lo") if "dim_hi" in axes else CANONICAL
+    return cache.permute([axes.index(a) for a in names])
 
 
 def layout_cache(canonical: torch.Tensor, layout: str, which: str, x: int = 1) -> torch.Tensor:

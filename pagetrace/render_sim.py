@@ -69,6 +69,7 @@ def waste_table(summary: Summary) -> Table:
 
 def totals(summary: Summary) -> Table:
     t = Table(show_header=False, title="Summary", title_justify="left")
+    t.add_row("KV cache", f"{summary.cache}, vLLM's scheduler")
     t.add_row("requests", f"{summary.requests:,}")
     t.add_row("steps", f"{summary.steps:,}")
     t.add_row("peak blocks in use", f"{summary.peak_used_blocks:,} of {summary.usable_blocks:,}")

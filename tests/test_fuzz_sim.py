@@ -45,6 +45,7 @@ SIMULATE = {
     "--chunked-prefill": None, "--no-chunked-prefill": None, "--at": st.sampled_from(["0", "1", "5", "-1", "100000"]),
     "--timeline-rows": st.sampled_from(["0", "1", "30", "-1", "1000000000"]), "--svg": path, "--png": path, "--chart": path,
     "--tables-svg": path, "--tables-png": path, "--json": None,
+    "--policy": st.sampled_from(["vllm", "sglang", "sglang", "", "lru", "SGLANG"]),
 }
 CONFIG_KEYS = {k: FIELD_VALUE for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")}
 CONFIG_KEYS["torch_dtype"] = st.sampled_from(["float16", "bfloat16", "float32", "fp8", "int4", "", 16, None])

@@ -130,7 +130,7 @@ def check(args, keys, values, seq_lens, q_lens, dtype, backend, *, tables=None, 
 
 def assert_close_to(out, want, tol, what=""):
     got = out.double().cpu()
-    bad = (got - want).abs() > tol * (1 + want.abs())
+    bad = ~((got - want).abs() <= tol * (1 + want.abs()))  # a NaN is off too
     assert not bad.any(), f"{what}: {int(bad.sum())} outputs off, max diff {float((got - want).abs().max())}"
 
 
@@ -147,6 +147,20 @@ def test_mixed_batch_every_layout(layout, backend):
     seq_lens, q_lens = MIXED
     args, keys, values, tables = build(seq_lens, q_lens, block_size=block_size, heads=heads, kv_heads=kv_heads, layout=layout, seed=k)
     check(args, keys, values, seq_lens, q_lens, "fp32", backend, tables=tables, block_size=block_size, layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["hnd", "vllm"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "fp8_e4m3"])
+def test_torch_decode_reads_block_major_layouts_in_place(layout, dtype):
+    """A decode over hnd or vLLM's layout: the torch path multiplies each (block, KV head) as
+    stored (fp32) or after one copy (fp16, fp8), a window and last blocks cut mid-block."""
+    seq_lens, q_lens, block_size = [1, 16, 17, 40, 3], [1, 1, 2, 1, 1], 16
+    scales = dict(k_scale=0.5, v_scale=2.0) if dtype.startswith("fp8") else {}
+    args, keys, values, tables = build(seq_lens, q_lens, block_size=block_size, heads=8, kv_heads=2, layout=layout,
+                                       dtype=dtype, seed=7, **scales)
+    for window in (None, 20):
+        variant = dict(layout=layout, **scales) | ({} if window is None else dict(sliding_window=window))
+        check(args, keys, values, seq_lens, q_lens, dtype, "torch", tables=tables, block_size=block_size, **variant)
 
 
 VARIANTS = {

@@ -53,18 +53,21 @@ def simulate(
     chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the waste chart (stacked bars like Figure 2 of the vLLM paper) as SVG.")] = None,
     tables_svg: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (SVG).")] = None,
     tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
+    policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
     from ..errors import UsageError
     from ..files import check_outputs
-    from ..sim.run import MAX_STEPS
+    from ..sim.run import MAX_STEPS, POLICIES
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
     from ..sim.workload import MAX_REQUESTS, SyntheticSpec, parse_trace, synthetic
 
     # -- check every option before any work --
+    if policy not in POLICIES:
+        raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -121,7 +124,8 @@ def simulate(
             task = progress.add_task("simulating", total=len(workload)) if progress else None
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
-                                    record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step)
+                                    record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
+                                    policy=policy)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
@@ -130,7 +134,7 @@ def simulate(
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
     if json_output:
         doc = {
-            "config": {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+            "config": {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
                        "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
                        "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"},
             "summary": summary.to_json(),

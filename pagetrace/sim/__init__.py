@@ -5,14 +5,15 @@
 
 Modules, one idea each: `blockpool` (free queue, reference counts, cached hashes), `request`
 (a request's tokens and block hashes), `policy` (the prefix-caching manager the scheduler
-calls), `scheduler` (vLLM's FCFS loop), `run` (a workload through both), `workload`
+calls), `radix` (SGLang's radix-tree cache, the second policy), `scheduler` (vLLM's FCFS loop), `run` (a workload through both), `workload`
 (synthetic or JSONL), `causes` (why a token missed), `baselines` (Orca's waste),
 `summary`, `pictures`. Plain Python: no torch, no numpy.
 """
 
 from .policy import KVCachePolicy, VllmPrefixCaching
+from .radix import SglangRadixCache
 from .request import SimRequest
 from .run import SimResult, simulate
 from .scheduler import Scheduler, SchedulerConfig, StepRecord
 
-__all__ = ["KVCachePolicy", "Scheduler", "SchedulerConfig", "SimRequest", "SimResult", "StepRecord", "VllmPrefixCaching", "simulate"]
+__all__ = ["KVCachePolicy", "Scheduler", "SchedulerConfig", "SimRequest", "SglangRadixCache", "SimResult", "StepRecord", "VllmPrefixCaching", "simulate"]

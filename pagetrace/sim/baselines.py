@@ -62,8 +62,8 @@ class Waste:
         }
 
 
-def paged_waste(steps: list[StepRecord], block_size: int) -> Waste:
-    w = Waste("vLLM (paged)")
+def paged_waste(steps: list[StepRecord], block_size: int, system: str = "vLLM (paged)") -> Waste:
+    w = Waste(system)
     for s in steps:
         w.token_states += s.used_blocks * block_size - s.empty_slots
         w.internal += s.empty_slots

@@ -11,6 +11,12 @@ The answer to "why is my hit rate 0": each prompt token is exactly one of
 - different extra key: the same tokens after the same prefix were cached, under another
   cache salt (an extra key of the block hash);
 - first seen: no request computed this block before.
+
+The same holds for SGLang's radix cache (radix.py): its lookup is page-aligned and capped at
+`num_tokens - 1` as well, a tree path is the same chain of tokens and salt as a block hash,
+and its `ever_cached` holds the hash of every page ever inserted into the tree, which loses
+a page only by eviction. There "first seen" includes pages a running request computed but had
+not inserted yet (decoded pages enter the tree when the request finishes).
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ from dataclasses import dataclass, field
 from .request import SimRequest
 
 
+def sync(req: SimRequest, step: int) -> None:
+    """Bring a cruising request's counters to the start of `step`."""
+    d = step - req.synced
+    req.num_computed += d
+    req.num_generated += d
+    req.synced = step
+
+
 def _add(calendar: dict[int, list[SimRequest]], step: int, reqs: list[SimRequest]) -> None:
     filed = calendar.get(step)
     if filed is None:
@@ -40,15 +48,21 @@ def _add(calendar: dict[int, list[SimRequest]], step: int, reqs: list[SimRequest
 class Calendar:
     """When each cruising request takes a new block, fills a block, and samples its last token.
 
-    The policy does the batches: `decode_blocks(reqs)` (one new block each, off the queue's
-    head, in order), `decode_hashes(reqs)` (the hash of the block each one fills, or None
-    when one is already cached) and `decode_cache(reqs, hashes)`.
+    A policy with `decode_blocks(reqs)` (one new block each, off the queue's head, in order),
+    `decode_hashes(reqs)` (the hash of the block each one fills, or None when one is already
+    cached) and `decode_cache(reqs, hashes)` does the batches. Any other policy (SGLang's
+    radix cache caches nothing while a request decodes) gets `allocate_slots(req, 1)` from
+    each request that takes a block, in order, and no fills.
     """
 
     policy: object
     new_block: dict[int, list[SimRequest]] = field(default_factory=dict)
     fill: dict[int, list[SimRequest]] = field(default_factory=dict)
     last: dict[int, list[SimRequest]] = field(default_factory=dict)
+    batched: bool = False
+
+    def __post_init__(self) -> None:
+        self.batched = hasattr(self.policy, "decode_blocks")
 
     def fits(self, req: SimRequest) -> bool:
         """Every decode step of this request is the plain one-token `allocate_slots`: it never
@@ -62,7 +76,7 @@ class Calendar:
         c = req.num_computed
         last = req.last_step = step + req.max_tokens - req.num_generated - 1
         when = [(self.last, last), (self.new_block, step + len(policy.block_ids(req.request_id)) * bs - c)]
-        if policy.enable_caching:
+        if self.batched and policy.enable_caching:
             when.append((self.fill, step + (bs - (c + 1) % bs) % bs))  # the step its token fills a block
         for calendar, t in when:
             if t <= last:
@@ -94,7 +108,12 @@ class Calendar:
         after = step + bs
         if takers:
             del self.new_block[step]
-            policy.decode_blocks(takers)
+            if self.batched:
+                policy.decode_blocks(takers)
+            else:
+                for req in takers:
+                    sync(req, step)
+                    policy.allocate_slots(req, 1)
             more = [r for r in takers if r.last_step >= after]
             if more:
                 _add(self.new_block, after, more)

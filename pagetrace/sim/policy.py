@@ -1,15 +1,18 @@
 """The KV cache policy the scheduler calls: vLLM V1's prefix-caching block manager.
 
-What the scheduler needs from a policy, in four calls (an SGLang-style radix cache
-would be a second class with the same four):
+What the scheduler needs from a policy, in five calls (`radix.SglangRadixCache`, SGLang's
+radix tree, is the second class with the same five):
 - `lookup(req)`: the cached blocks and tokens of the longest prefix hit;
 - `allocate_slots(req, num_new_tokens, hit_blocks, num_hit_tokens, full_sequence_must_fit)`:
   blocks for the request's next tokens, or None when the pool cannot give them;
 - `free(req)`: release the request's blocks;
-- `block_ids(request_id)`: the request's block table.
-A policy that also has `decode_blocks`, `decode_hashes` and `decode_cache` (and
-`max_model_len`, `enable_caching`) lets the scheduler cruise (pagetrace/sim/cruise.py);
-without them every step runs explicitly, with the same result, only slower.
+- `block_ids(request_id)`: the request's block table;
+- `end_step()`: what the cache does once the step's tokens are computed (SGLang inserts
+  the prefilled pages into its tree then; vLLM has nothing to do).
+While the scheduler cruises (pagetrace/sim/cruise.py) it calls `allocate_slots(req, 1)` only
+for the decoding requests whose token starts a block. A policy that also has
+`decode_blocks`, `decode_hashes` and `decode_cache` does those in batches and caches the
+blocks they fill.
 
 `VllmPrefixCaching` is `KVCacheManager` (vllm/v1/core/kv_cache_manager.py) and
 `FullAttentionManager` (single_type_kv_cache_manager.py) for one full-attention group,
@@ -27,6 +30,8 @@ from .request import SimRequest, hash_block
 
 
 class KVCachePolicy(Protocol):
+    name: str  # --policy
+    label: str  # the system in the waste table
     block_size: int
     pool: BlockPool
 
@@ -45,9 +50,14 @@ class KVCachePolicy(Protocol):
 
     def block_ids(self, request_id: str) -> list[int]: ...
 
+    def end_step(self) -> None: ...
+
 
 class VllmPrefixCaching:
     """vLLM V1's block manager: allocate on demand, cache full blocks by hash, free tail first."""
+
+    name = "vllm"
+    label = "vLLM (paged)"
 
     def __init__(
         self,
@@ -68,6 +78,9 @@ class VllmPrefixCaching:
 
     def block_ids(self, request_id: str) -> list[int]:
         return self.req_to_blocks.get(request_id, [])
+
+    def end_step(self) -> None:
+        """Nothing: vLLM caches a block when it is allocated."""
 
     def lookup(self, req: SimRequest) -> tuple[list[int], int]:
         """The longest run of cached full blocks from the start (`get_computed_blocks`).

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import RuntimeFailure
 from .policy import KVCachePolicy, VllmPrefixCaching
+from .radix import SglangRadixCache
 from .request import SimRequest
 from .scheduler import Scheduler, SchedulerConfig, StepRecord
 
@@ -42,6 +43,7 @@ def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[in
 
 
 MAX_STEPS = 10_000_000  # a bound on the step count, so a run always ends
+POLICIES = {"vllm": VllmPrefixCaching, "sglang": SglangRadixCache}  # --policy: the cache; the scheduler is vLLM's
 
 
 def simulate(
@@ -56,12 +58,14 @@ def simulate(
     max_model_len: int = 1 << 30,
     max_cells: int = 4_000_000,
     on_step: Callable[[StepRecord], None] | None = None,
+    policy: str = "vllm",
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished.
 
     Python's cyclic garbage collector is paused for the run: the simulator makes no cycles,
     and on 100,000 requests the collector's passes over every live request cost a fifth of
-    the time (bench/README.md).
+    the time (bench/README.md). `policy` names the cache (`POLICIES`): vLLM's block manager
+    or SGLang's radix tree, under the same (vLLM's) scheduler.
     """
     import gc
 
@@ -69,14 +73,14 @@ def simulate(
     gc.disable()
     try:
         return _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-                         max_steps, max_model_len, max_cells, on_step)
+                         max_steps, max_model_len, max_cells, on_step, policy)
     finally:
         if paused:
             gc.enable()
 
 
 def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-              max_steps, max_model_len, max_cells, on_step) -> SimResult:
+              max_steps, max_model_len, max_cells, on_step, policy_name="vllm") -> SimResult:
     pending = sorted(requests, key=lambda r: r.arrival)
     usable = num_blocks - 1
     for r in pending:  # the last output token is sampled, never stored
@@ -86,7 +90,9 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
                 f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
                 f"more than the {usable} usable blocks of the pool"
             )
-    policy = VllmPrefixCaching(num_blocks, block_size, enable_caching, max_model_len)
+    if policy_name not in POLICIES:
+        raise ValueError(f"unknown cache policy {policy_name!r}: one of {', '.join(POLICIES)}")
+    policy = POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
     sched = Scheduler(policy, config or SchedulerConfig())
     index = {r.request_id: i for i, r in enumerate(pending)}
     want_tables = set(tables_at)

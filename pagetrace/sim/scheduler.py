@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .causes import CAUSES, classify
-from .cruise import Calendar
+from .cruise import Calendar, sync
 from .policy import KVCachePolicy
 from .request import FINISHED, PREEMPTED, RUNNING, WAITING, SimRequest
 
@@ -74,30 +74,21 @@ class Scheduler:
     causes: dict = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # prompt tokens by hit/miss cause
     cruise: bool = True  # skip the requests whose step changes nothing (exact; see the module doc)
     _cruising: bool = False  # every running request is decoding and filed in the calendar
-    _calendar: Calendar | None = None  # None: the policy cannot cruise
+    _calendar: Calendar | None = None
     _seq: int = 0
     _held_slots: int = 0  # slots of the running requests' blocks
     _computed: int = 0  # tokens computed by the running requests
 
     def __post_init__(self) -> None:
-        if hasattr(self.policy, "decode_blocks"):
-            self._calendar = Calendar(self.policy)
+        self._calendar = Calendar(self.policy)
 
     def add(self, req: SimRequest) -> None:
         self.waiting.append(req)
 
-    @staticmethod
-    def _sync(req: SimRequest, step: int) -> None:
-        """Bring a cruising request's counters to the start of `step`."""
-        d = step - req.synced
-        req.num_computed += d
-        req.num_generated += d
-        req.synced = step
-
     def _stop_cruising(self, step: int) -> None:
         """Bring every running request's counters to the start of `step`; run explicitly."""
         for r in self.running:
-            self._sync(r, step)
+            sync(r, step)
         self._calendar.clear()
         self._cruising = False
 
@@ -226,7 +217,7 @@ class Scheduler:
         self._computed += tokens
         finished: list[str] = []
         for req in finishing:  # update_from_output frees in the order requests ran
-            self._sync(req, step + 1)
+            sync(req, step + 1)
             self._finish(req, step, finished)
         all_decoding = True
         stay = cruise  # while cruising, each admitted request now decoding is filed at once
@@ -246,7 +237,7 @@ class Scheduler:
                 else:
                     stay = False
         calendar = self._calendar
-        if self.cruise and calendar is not None:
+        if self.cruise:
             if stay:
                 pass  # filed above
             elif cruise:  # a prefill chunk continues, or a request reaches max_model_len: run explicitly
@@ -257,6 +248,7 @@ class Scheduler:
                     req.synced = step + 1
                     calendar.file(req, step + 1)
                 self._cruising = True
+        policy.end_step()
         record = StepRecord(
             step=step,
             scheduled=cruising + len(scheduled),

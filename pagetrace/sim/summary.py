@@ -22,6 +22,7 @@ class Summary:
     usable_blocks: int
     evictions: int
     waste: list[Waste]
+    cache: str = "vLLM (paged)"  # the policy's label
 
     @property
     def hit_rate(self) -> float:
@@ -49,7 +50,7 @@ def summarize(result: SimResult, causes: dict[str, int], block_size: int, max_mo
     pool = result.policy.pool
     capacity = (pool.num_blocks - 1) * block_size  # the same memory, as contiguous slots
     reqs = result.requests
-    waste = [paged_waste(result.steps, block_size)] + [
+    waste = [paged_waste(result.steps, block_size, result.policy.label)] + [
         contiguous_waste(reqs, capacity, mode, max_model_len, max_num_seqs) for mode in ("max", "pow2", "oracle")
     ]
     return Summary(
@@ -64,4 +65,5 @@ def summarize(result: SimResult, causes: dict[str, int], block_size: int, max_mo
         usable_blocks=pool.num_blocks - 1,
         evictions=pool.evictions,
         waste=waste,
+        cache=result.policy.label,
     )
