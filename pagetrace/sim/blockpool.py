@@ -113,10 +113,6 @@ class BlockPool:
     def num_free(self) -> int:
         return self.queue.num_free
 
-    def get_cached_block(self, block_hash: int) -> int | None:
-        blocks = self.cached.get(block_hash)
-        return blocks if blocks is None or type(blocks) is int else next(iter(blocks))
-
     def cached_items(self) -> list[tuple[int, list[int]]]:
         """Each cached hash (insertion order) with its blocks (insertion order)."""
         return [(h, [b] if type(b) is int else list(b)) for h, b in self.cached.items()]
@@ -131,11 +127,11 @@ class BlockPool:
         nxt, prev, ref, hashes = queue.next, queue.prev, self.ref_cnt, self.block_hash
         blocks = []
         b = nxt[queue.head]
-        cached = self.cached
+        cached, evicted = self.cached, 0
         for _ in range(n):
             blocks.append(b)
             key = hashes[b]
-            if key is not None:  # self._uncache(b), inlined: the block's hash is dropped
+            if key is not None:  # `_maybe_evict_cached_block`: the block's hash is dropped
                 holders = cached[key]
                 if type(holders) is int:
                     del cached[key]
@@ -144,7 +140,7 @@ class BlockPool:
                     if not holders:
                         del cached[key]
                 hashes[b] = None
-                self.evictions += 1
+                evicted += 1
             ref[b] += 1
             following = nxt[b]
             nxt[b] = prev[b] = -1
@@ -152,18 +148,8 @@ class BlockPool:
         nxt[queue.head] = b
         prev[b] = queue.head
         queue.num_free -= n
+        self.evictions += evicted
         return blocks
-
-    def _uncache(self, block: int) -> None:
-        key = self.block_hash[block]
-        holders = self.cached[key]
-        if type(holders) is int:
-            del self.cached[key]
-        else:
-            del holders[block]
-            if not holders:
-                del self.cached[key]
-        self.block_hash[block] = None
 
     def touch(self, blocks: Iterable[int]) -> None:
         """A prefix hit: a free block leaves the queue, and every hit block gains a reference."""

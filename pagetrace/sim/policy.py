@@ -95,7 +95,7 @@ class VllmPrefixCaching:
         hits: list[int] = []
         get = self.pool.cached.get
         for h in req.block_hashes[: (req.prompt_len + req.num_generated - 1) // bs]:
-            block = get(h)  # pool.get_cached_block(h), inlined
+            block = get(h)  # `get_one_block`: the first block holding it
             if block is None:
                 break
             hits.append(block if type(block) is int else next(iter(block)))
