@@ -39,7 +39,7 @@ class SimRequest:
     seq: int = 0  # admission order: the running list is sorted by it
     synced: int = 0  # step at whose start num_computed/num_generated hold (cruising requests run ahead)
     last_step: int = -1  # the step a cruising request samples its last token
-    max_tokens: int = field(init=False)  # len(output), kept as a field: the scheduler reads it every event
+    max_tokens: int = field(init=False)  # len(output), kept as a field: the scheduler reads it often
 
     def __post_init__(self) -> None:
         self.prompt_len = len(self.prompt)
