@@ -182,14 +182,18 @@ class BlockPool:
         the FRONT of the queue (LIFO reuse, "for better GPU locality"); a cached one goes to
         the BACK (FIFO, so the cache evicts least recently used first).
         """
-        first, last = [], []
+        blocks = list(ordered_blocks)
         ref, hashes = self.ref_cnt, self.block_hash
-        uncached_to = first.append if self.uncached_first else last.append
-        cached_to = last.append if self.enable_caching else uncached_to
-        for b in ordered_blocks:
-            r = ref[b] = ref[b] - 1
-            if not r and b:  # block 0, the null block, is never freed
-                (uncached_to if hashes[b] is None else cached_to)(b)
+        for b in blocks:
+            ref[b] -= 1
+        freed = [b for b in blocks if not ref[b] and b]  # block 0, the null block, is never freed
+        if not self.uncached_first:
+            first, last = [], freed
+        elif not self.enable_caching:
+            first, last = freed, []
+        else:
+            first = [b for b in freed if hashes[b] is None]
+            last = [b for b in freed if hashes[b] is not None] if len(first) < len(freed) else []
         if first:
             self.queue.prepend_n(first)
         if last:
