@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from .request import SimRequest
 
-UNIQUE_STRIDE = 1 << 24
-MAX_REQUESTS = 100_000  # requests after n-fold expansion: 10,000 take about 20 s on a laptop core; a typo of 10**9 is refused at once  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
+UNIQUE_STRIDE = 1 << 24  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
+MAX_REQUESTS = 100_000  # requests after n-fold expansion: 100,000 take about 12 s (bench/README.md); a typo of 10**9 is refused at once
 
 
 class SyntheticTokens:
