@@ -123,13 +123,9 @@ class BlockPool:
         queue = self.queue
         if n > queue.num_free:
             raise ValueError(f"cannot get {n} free blocks from the pool")
-        # queue.popleft_n(n) and the loop over its blocks, in one pass
-        nxt, prev, ref, hashes = queue.next, queue.prev, self.ref_cnt, self.block_hash
-        blocks = []
-        b = nxt[queue.head]
-        cached, evicted = self.cached, 0
-        for _ in range(n):
-            blocks.append(b)
+        blocks = queue.popleft_n(n)
+        ref, hashes, cached, evicted = self.ref_cnt, self.block_hash, self.cached, 0
+        for b in blocks:
             key = hashes[b]
             if key is not None:  # `_maybe_evict_cached_block`: the block's hash is dropped
                 holders = cached[key]
@@ -142,12 +138,6 @@ class BlockPool:
                 hashes[b] = None
                 evicted += 1
             ref[b] += 1
-            following = nxt[b]
-            nxt[b] = prev[b] = -1
-            b = following
-        nxt[queue.head] = b
-        prev[b] = queue.head
-        queue.num_free -= n
         self.evictions += evicted
         return blocks
 
