@@ -240,3 +240,29 @@ def test_cruising_changes_nothing(spec, num_blocks, block_size, budget, caching,
     assert fast.tables_at == slow.tables_at
     assert all(seen) and len(seen) == len(slow.steps)
     assert fast.num_preemptions == slow.num_preemptions
+
+
+@pytest.mark.parametrize(("spec", "num_blocks", "block_size", "max_model_len"), [
+    (SyntheticSpec(requests=100, prompt_len=(50, 200), output_len=(10, 200), shared_prefix=20, arrival_rate=1.0, seed=11), 900, 16, 230),
+    (SyntheticSpec(requests=60, prompt_len=(5, 60), output_len=(5, 60), arrival_rate=1.0, seed=12), 3000, 1, 70),
+])
+def test_cruising_past_max_model_len(spec, num_blocks, block_size, max_model_len, monkeypatch):
+    """Requests that outgrow max_model_len (the Python API takes them; vLLM caps their
+    allocation and caching there) finish, with the same steps, tables and pool cruising or not.
+    The per-event cruising before the calendar never finished this workload."""
+    from pagetrace.sim import scheduler as sched_mod
+
+    reqs = synthetic(spec)
+    assert any(len(r.prompt) + len(r.output) - 1 > max_model_len for r in reqs)
+    fast = simulate(synthetic(spec), num_blocks, block_size, max_model_len=max_model_len, tables_at=range(300), max_steps=5000)
+    step = sched_mod.Scheduler.step
+
+    def slow_step(self):
+        self.cruise = False
+        return step(self)
+
+    monkeypatch.setattr(sched_mod.Scheduler, "step", slow_step)
+    slow = simulate(synthetic(spec), num_blocks, block_size, max_model_len=max_model_len, tables_at=range(300), max_steps=5000)
+    assert _trace(fast) == _trace(slow) and fast.tables_at == slow.tables_at
+    assert fast.policy.pool.cached_items() == slow.policy.pool.cached_items()
+    assert fast.policy.pool.queue.order() == slow.policy.pool.queue.order()
