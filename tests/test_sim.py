@@ -252,23 +252,26 @@ def test_cruising_changes_nothing(spec, num_blocks, block_size, budget, caching,
     (SyntheticSpec(requests=100, prompt_len=(50, 200), output_len=(10, 200), shared_prefix=20, arrival_rate=1.0, seed=11), 900, 16, 230),
     (SyntheticSpec(requests=60, prompt_len=(5, 60), output_len=(5, 60), arrival_rate=1.0, seed=12), 3000, 1, 70),
 ])
-def test_cruising_past_max_model_len(spec, num_blocks, block_size, max_model_len, monkeypatch):
-    """Requests that outgrow max_model_len (the Python API takes them; vLLM caps their
-    allocation and caching there) finish, with the same steps, tables and pool cruising or not.
-    The per-event cruising before the calendar never finished this workload."""
-    from pagetrace.sim import scheduler as sched_mod
+def test_cruising_past_max_model_len(spec, num_blocks, block_size, max_model_len):
+    """The scheduler takes requests that outgrow max_model_len (`simulate` refuses them; vLLM
+    caps their allocation and caching there): they finish, with the same steps, tables and pool
+    cruising or not. The per-event cruising before the calendar never finished this workload."""
+    from pagetrace.sim.scheduler import Scheduler
 
-    reqs = synthetic(spec)
-    assert any(len(r.prompt) + len(r.output) - 1 > max_model_len for r in reqs)
-    fast = simulate(synthetic(spec), num_blocks, block_size, max_model_len=max_model_len, tables_at=range(300), max_steps=5000)
-    step = sched_mod.Scheduler.step
+    def run(cruise: bool):
+        sched = Scheduler(VllmPrefixCaching(num_blocks, block_size, max_model_len=max_model_len))
+        sched.cruise = cruise
+        pending = sorted(synthetic(spec), key=lambda r: r.arrival)
+        assert any(len(r.prompt) + len(r.output) - 1 > max_model_len for r in pending)
+        trace, nxt = [], 0
+        while nxt < len(pending) or sched.waiting or sched.running:
+            while nxt < len(pending) and pending[nxt].arrival <= sched.step_count:
+                sched.add(pending[nxt])
+                nxt += 1
+            record = sched.step()
+            trace.append((tuple(getattr(record, f) for f in record.__slots__), list(sched.policy.req_to_blocks.items())))
+            assert sched.step_count < 5000
+        pool = sched.policy.pool
+        return trace, [(r.request_id, r.num_generated, r.finished_step) for r in pending], pool.cached_items(), pool.queue.order()
 
-    def slow_step(self):
-        self.cruise = False
-        return step(self)
-
-    monkeypatch.setattr(sched_mod.Scheduler, "step", slow_step)
-    slow = simulate(synthetic(spec), num_blocks, block_size, max_model_len=max_model_len, tables_at=range(300), max_steps=5000)
-    assert _trace(fast) == _trace(slow) and fast.tables_at == slow.tables_at
-    assert fast.policy.pool.cached_items() == slow.policy.pool.cached_items()
-    assert fast.policy.pool.queue.order() == slow.policy.pool.queue.order()
+    assert run(True) == run(False)
