@@ -257,21 +257,16 @@ def test_cruising_past_max_model_len(spec, num_blocks, block_size, max_model_len
     caps their allocation and caching there): they finish, with the same steps, tables and pool
     cruising or not. The per-event cruising before the calendar never finished this workload."""
     from pagetrace.sim.scheduler import Scheduler
+    from sim_drive import drive
 
     def run(cruise: bool):
         sched = Scheduler(VllmPrefixCaching(num_blocks, block_size, max_model_len=max_model_len))
         sched.cruise = cruise
-        pending = sorted(synthetic(spec), key=lambda r: r.arrival)
-        assert any(len(r.prompt) + len(r.output) - 1 > max_model_len for r in pending)
-        trace, nxt = [], 0
-        while nxt < len(pending) or sched.waiting or sched.running:
-            while nxt < len(pending) and pending[nxt].arrival <= sched.step_count:
-                sched.add(pending[nxt])
-                nxt += 1
-            record = sched.step()
-            trace.append((tuple(getattr(record, f) for f in record.__slots__), list(sched.policy.req_to_blocks.items())))
-            assert sched.step_count < 5000
+        reqs = synthetic(spec)
+        assert any(len(r.prompt) + len(r.output) - 1 > max_model_len for r in reqs)
+        trace = [(tuple(getattr(rec, f) for f in rec.__slots__), list(sched.policy.req_to_blocks.items()))
+                 for rec in drive(sched, reqs, 5000)]
         pool = sched.policy.pool
-        return trace, [(r.request_id, r.num_generated, r.finished_step) for r in pending], pool.cached_items(), pool.queue.order()
+        return trace, [(r.request_id, r.num_generated, r.finished_step) for r in reqs], pool.cached_items(), pool.queue.order()
 
     assert run(True) == run(False)

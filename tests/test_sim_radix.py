@@ -36,6 +36,7 @@ from pagetrace.sim.radix import SglangRadixCache  # noqa: E402
 from pagetrace.sim.request import FINISHED, SimRequest  # noqa: E402
 from pagetrace.sim.run import simulate  # noqa: E402
 from pagetrace.sim.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from sim_drive import drive  # noqa: E402
 
 
 def cdiv(a: int, b: int) -> int:
@@ -428,17 +429,12 @@ def run(policy, spec, config: SchedulerConfig):
     """Each step's record, tables and free list, with the requests' cached-token counts."""
     sched = Scheduler(policy, config)
     pending = sorted(requests(spec), key=lambda r: r.arrival)
-    trace, nxt = [], 0
-    while nxt < len(pending) or sched.waiting or sched.running:
-        while nxt < len(pending) and pending[nxt].arrival <= sched.step_count:
-            sched.add(pending[nxt])
-            nxt += 1
-        rec = sched.step()
+    trace = []
+    for rec in drive(sched, pending, 20_000):
         free = list(policy.pool.free) if isinstance(policy, SglangRadixCache) else list(policy.free_list)
         tables = {rid: list(b) for rid, b in policy.req_to_blocks.items()}
         trace.append((rec.step, rec.admitted, rec.preempted, rec.finished, rec.allocated, rec.hit_tokens, rec.evicted,
                       rec.free_blocks, rec.used_blocks, tables, free))
-        assert sched.step_count < 20_000
     causes = policy.causes if isinstance(policy, Reference) else dict(sched.causes)
     return trace, {r.request_id: r.num_cached_tokens for r in pending}, sched.num_preemptions, causes
 
