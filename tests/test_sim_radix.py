@@ -174,19 +174,28 @@ class Reference:
             self.give_back(group)
 
     def checkpoint(self, req, up_to: int, group: list[int]) -> None:
+        """radix_cache.py `checkpoint`: insert the page-aligned computed tokens, then (split_prompt)
+        insert the page-aligned prompt again when it is shorter, so the prompt ends at a node;
+        free the request's copies of pages the tree already held, rebind, move the lock."""
         rid, ps = req.request_id, self.block_size
         k = up_to // ps
         table, protected = self.req_to_blocks[rid], self.protected[rid]
         tokens = req.token_slice(0, k * ps)
-        prefix = self.tree.insert(tokens, table[:k], req.cache_salt) // ps
         self.inserted.update((req.cache_salt, tokens[: j * ps]) for j in range(1, k + 1))
-        pages, node = self.tree.match(tokens, req.cache_salt) if tokens else ([], self.tree.root)
-        for i in range(protected, prefix):
-            group.append(table[i])
-            table[i] = pages[i]
+        if hasattr(self.tree, "checkpoint"):  # SGLang's own RadixCache.checkpoint
+            node = self.tree.checkpoint(req, tokens, table, protected, self.node[rid], group)
+        else:
+            prefix = self.tree.insert(tokens, table[:k], req.cache_salt) // ps
+            prompt = req.prompt_len // ps * ps
+            if 0 < prompt < k * ps:
+                self.tree.insert(tokens[:prompt], table[: prompt // ps], req.cache_salt)
+            pages, node = self.tree.match(tokens, req.cache_salt) if tokens else ([], self.tree.root)
+            for i in range(protected, prefix):
+                group.append(table[i])
+                table[i] = pages[i]
+            self.tree.unlock(self.node[rid])
+            self.tree.lock(node)
         self.protected[rid] = k
-        self.tree.unlock(self.node[rid])
-        self.tree.lock(node)
         self.node[rid] = node
 
 
@@ -362,6 +371,7 @@ class SglangTree:
         self.torch, self.array = torch, array
         self.rc, self.bpc = sglang
         self.ref, self.ps = ref, page_size
+        self.freeing: list[int] | None = None
         tree = self
 
         class Allocator:  # what RadixCache.evict calls: free_segment(node.value)
@@ -369,6 +379,9 @@ class SglangTree:
 
             def free_segment(self, slots, start_pos=0):
                 pages = (slots[::page_size] // page_size).tolist()
+                if tree.freeing is not None:  # checkpoint's duplicates: the step's free group
+                    tree.freeing += pages
+                    return
                 tree.ref.give_back(pages)
                 tree.ref.pool.evictions += len(pages)
 
@@ -392,6 +405,32 @@ class SglangTree:
 
     def unlock(self, node) -> None:
         self.cache.dec_lock_ref(node)
+
+    def checkpoint(self, req, tokens, table, protected, node, group):
+        """`RadixCache.checkpoint` itself, on a stand-in `Req` whose kv row is `table`'s slots:
+        what it frees goes into the step's free group, the row it rewrites back into `table`."""
+        torch, ps = self.torch, self.ps
+        row = torch.tensor([p * ps + j for p in table for j in range(ps)], dtype=torch.int64)[None, :]
+        kv = types.SimpleNamespace(req_pool_idx=0, cache_protected_len=protected * ps, cache_inserted_len=0, swa_evict_floor=0)
+        lock = self.bpc.TreeLock(node, self.cache.inc_lock_ref(node).to_dec_params())
+        self.cache.dec_lock_ref(node)  # the lock the Reference took, now held as a TreeLock
+        sreq = types.SimpleNamespace(
+            kv=kv, lock=lock, last_node=node, priority=None, extra_key=None, cache_salt=req.cache_salt,
+            origin_input_ids=req.token_slice(0, req.prompt_len), full_untruncated_fill_ids=self.array("q", tokens),
+        )
+
+        def write(index, values):
+            row[index[0], index[1]] = values
+
+        self.cache.req_to_token_pool = types.SimpleNamespace(req_to_token=row, write=write)
+        self.freeing = group
+        try:
+            self.cache.checkpoint(sreq, up_to=len(tokens))
+        finally:
+            self.freeing = None
+        table[: len(tokens) // ps] = (row[0, : len(tokens) : ps] // ps).tolist()
+        assert kv.cache_protected_len == len(tokens)
+        return sreq.last_node
 
     def evictable(self) -> int:
         return self.cache.evictable_size() // self.ps
@@ -647,3 +686,16 @@ def test_cli_policy(tmp_path):
         doc = json.loads(out.stdout)
         assert doc["config"]["policy"] == policy
         assert doc["summary"]["waste"][0]["system"] == ("SGLang (radix)" if policy == "sglang" else "vLLM (paged)")
+
+
+def test_the_prompt_is_split_off_so_eviction_can_keep_it():
+    """radix_cache.py `checkpoint(split_prompt=True)` re-inserts the page-aligned prompt, so a
+    finished request's node ends at its prompt and its output is a leaf of its own. Page size
+    1, slots 1..6, budget 4. r1 ([8] -> 3 8) finishes in step 2 leaving [8] -> [3]; r6
+    ([8 5]) matches [8] in step 4, when one slot must be evicted: the output leaf [3] goes,
+    the prompt [8] stays (without the split the whole node [8 3] went: 2 slots, no hit)."""
+    spec = [("r1", [8], [3, 8], 1), ("r5", [7, 1, 5, 6], [5, 1], 2), ("r6", [8, 5], [6], 2), ("r8", [7, 1, 5, 8], [6, 7, 3], 0)]
+    reqs = [SimRequest(i, p, o, arrival=a) for i, p, o, a in spec]
+    res = simulate(reqs, 7, 1, SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4), policy="sglang")
+    assert res.steps[4].evicted == 1
+    assert reqs[2].num_cached_tokens == 1

@@ -16,7 +16,8 @@ SGLang 0.5.23's (the PyPI wheel), python/sglang/srt/mem_cache/:
 - When nodes are inserted (`checkpoint` -> `_insert_cache`, called by common.py
   `checkpoint_kv_cache` after each prefill step of an unfinished request, and by
   `release_kv_cache(checkpoint=True)` when a request finishes): the page-aligned computed
-  tokens go into the tree; pages the request computed that the tree already holds are
+  tokens go into the tree, then the page-aligned prompt again when it is shorter
+  (`split_prompt`: the node splits where the prompt ends, the output a leaf of its own); pages the request computed that the tree already holds are
   freed (`free_segment(kv_indices[cache_protected_len:prefix_len])`) and the request's
   row is rebound to the tree's pages; its lock moves to the new last node. On finish the
   unaligned tail page is freed too and the lock dropped (earlier releases name these two
@@ -220,11 +221,17 @@ class SglangRadixCache:
     # -- requests and the tree --
 
     def _checkpoint(self, req: SimRequest, k: int, group: list[int]) -> None:
-        """radix_cache.py `checkpoint`: insert the first k pages, free the duplicates, rebind, move the lock."""
+        """radix_cache.py `checkpoint`: insert the first k pages, split the node at the prompt's
+        last whole page (`_insert_cache(split_prompt=True)` inserts the page-aligned prompt again,
+        "so eviction can drop the output KV without the prompt"), free the duplicates, rebind,
+        move the lock."""
         rid, ps, ref = req.request_id, self.block_size, self.pool.ref_cnt
         table, protected = self.req_to_blocks[rid], self._protected[rid]
         tokens = req.token_slice(0, k * ps)
         prefix = self._insert(tokens, table[:k], req.cache_salt) // ps
+        prompt_pages = req.prompt_len // ps
+        if 0 < prompt_pages < k:
+            self._insert(tokens[: prompt_pages * ps], table[:prompt_pages], req.cache_salt)
         pages, node = self._match_prefix(tokens, req.cache_salt)
         for i in range(protected, prefix):  # the tree had these already: free ours, take the tree's
             group.append(table[i])
