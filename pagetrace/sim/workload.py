@@ -134,6 +134,8 @@ def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest
         if len(out) + n > MAX_REQUESTS:
             raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
         salt = _field(obj, "cache_salt", line_no, str)
+        if salt == "":  # vLLM's API rejects it (validate_cache_salt); SGLang would read it as no salt
+            raise UsageError("--trace", salt, f"trace line {line_no}, field 'cache_salt' must be a non-empty string if given (vLLM rejects an empty salt)")
         for k in range(n):
             sample = output
             if sample is None:
