@@ -686,6 +686,10 @@ def test_cli_policy(tmp_path):
         doc = json.loads(out.stdout)
         assert doc["config"]["policy"] == policy
         assert doc["summary"]["waste"][0]["system"] == ("SGLang (radix)" if policy == "sglang" else "vLLM (paged)")
+        out = CliRunner().invoke(app, ["simulate", "--policy", policy, "--requests", "5", "--n", "3", "--json"])
+        doc = json.loads(out.stdout)
+        assert doc["summary"]["requests"] == (20 if policy == "sglang" else 15)
+        assert doc["summary"]["prefix_requests"] == (5 if policy == "sglang" else 0)
 
 
 def test_the_prompt_is_split_off_so_eviction_can_keep_it():
@@ -699,3 +703,25 @@ def test_the_prompt_is_split_off_so_eviction_can_keep_it():
     res = simulate(reqs, 7, 1, SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4), policy="sglang")
     assert res.steps[4].evicted == 1
     assert reqs[2].num_cached_tokens == 1
+
+
+def test_parallel_sampling_sends_the_prompt_first():
+    """tokenizer_manager.py "Cache the common prefix for parallel sampling": a request with
+    n > 1 is first sent with max_new_tokens=0; its n samples go out once it has finished.
+    Page size 16, prompt 40: the prefix request prefills alone and finishes in its first
+    step, leaving 2 whole pages in the tree; the 4 samples are admitted the next step and
+    each matches those 32 tokens (the vLLM policy: sample 0 computes, the others hit)."""
+    from pagetrace.sim.workload import SyntheticSpec, synthetic
+
+    reqs = synthetic(SyntheticSpec(3, (40, 40), (5, 5), 0, 4, 0.2, 0))
+    res = simulate(reqs, 100, 16, SchedulerConfig(max_num_batched_tokens=4096), policy="sglang")
+    assert res.prefix_requests == 3 and len(res.requests) == 15
+    by_id = {r.request_id: r for r in res.requests}
+    for g in ("0", "1", "2"):
+        prefix = by_id[f"{g}.prefix"]
+        assert (prefix.num_cached_tokens, prefix.first_scheduled, prefix.finished_step) == (0, prefix.arrival, prefix.arrival)
+        samples = [by_id[f"{g}.{k}"] for k in range(4)]
+        assert [s.num_cached_tokens for s in samples] == [32] * 4
+        assert [s.first_scheduled for s in samples] == [prefix.finished_step + 1] * 4
+    vllm = simulate(synthetic(SyntheticSpec(3, (40, 40), (5, 5), 0, 4, 0.2, 0)), 100, 16, policy="vllm")
+    assert vllm.prefix_requests == 0 and [r.num_cached_tokens for r in vllm.requests[:4]] == [0, 32, 32, 32]

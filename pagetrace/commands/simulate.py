@@ -38,7 +38,7 @@ def simulate(
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
-    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks).")] = 1,
+    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
     arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
