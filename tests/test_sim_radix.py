@@ -63,7 +63,7 @@ class Reference:
         self.pool = RefPool(self, num_blocks)
         self.tree = make_tree(self, page_size)
         self.req_to_blocks: dict[str, list[int]] = {}
-        self.node, self.protected, self.pending = {}, {}, {}
+        self.node, self.protected, self.pending, self.chunked = {}, {}, {}, {}
         self.ever_cached, self.ever_cached_content = set(), set()  # the scheduler's causes are recounted below
         self.inserted: set[tuple] = set()  # (salt, tokens up to a page end) of every page ever inserted
         self.causes = {"hit": 0, "partial block": 0, "evicted": 0, "different extra key": 0, "first seen": 0}
@@ -143,6 +143,10 @@ class Reference:
             self.req_to_blocks[rid] += new
         if req.num_computed < req.prompt_len or req.num_tokens - req.num_computed > 1:
             self.pending[rid] = (req, min(start + n, req.num_tokens))
+            if start + n < req.num_tokens:  # its prefill goes on next step: SGLang's chunked_req
+                self.chunked[rid] = True
+            else:
+                self.chunked.pop(rid, None)
         return new
 
     def allocate_decode(self, req):
@@ -150,6 +154,7 @@ class Reference:
 
     def free(self, req) -> None:
         rid = req.request_id
+        self.chunked.pop(rid, None)
         if req.status == FINISHED:
             self.pending[rid] = (req, -1)
             return
@@ -159,9 +164,17 @@ class Reference:
         self.tree.unlock(self.node.pop(rid))
 
     def end_step(self) -> None:
+        """process_batch_result_*: in one free group, in batch order, finished requests released
+        and completed prefills checkpointed; then (scheduler.py `get_next_batch_to_run`:
+        `stash_chunked_request`, at the top of the next step) the request whose prefill stopped
+        mid-way is checkpointed, its duplicates freed on their own, after the group."""
         group: list[int] = []
+        later = []
         for req, up_to in sorted(self.pending.values(), key=lambda e: e[0].seq):
             rid = req.request_id
+            if up_to >= 0 and self.chunked.pop(rid, False):
+                later.append((req, up_to))
+                continue
             if up_to < 0:
                 self.checkpoint(req, min(req.num_computed, len(self.req_to_blocks[rid]) * self.block_size), group)
                 table = self.req_to_blocks.pop(rid)
@@ -172,6 +185,11 @@ class Reference:
         self.pending.clear()
         if group:
             self.give_back(group)
+        for req, up_to in later:
+            own: list[int] = []
+            self.checkpoint(req, up_to, own)
+            if own:
+                self.give_back(own)
 
     def checkpoint(self, req, up_to: int, group: list[int]) -> None:
         """radix_cache.py `checkpoint`: insert the page-aligned computed tokens, then (split_prompt)
@@ -498,12 +516,39 @@ def check_against(make_tree, case) -> int:
     need = max(cdiv(len(p) + len(o) - 1, ps) for _, p, o, _, _ in spec)
     blocks = max(blocks, need + 2)
     config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16)
+    return compare(make_tree, spec, blocks, ps, config)
+
+
+def compare(make_tree, spec, blocks: int, ps: int, config: SchedulerConfig) -> int:
     got = run(SglangRadixCache(blocks, ps), spec, config)
     want = run(Reference(make_tree, blocks, ps), spec, config)
     for g, w in zip(got[0], want[0]):
         assert g == w, f"step {g[0]} differs"
     assert len(got[0]) == len(want[0]) and got[1:] == want[1:]
     return sum(t[6] for t in got[0]) + got[2]  # evictions + preemptions: the case exercised them
+
+
+# Prefills chunked by a small token budget while requests sharing their prefix finish: the
+# chunk's duplicate pages are freed after the step's free group (stash_chunked_request).
+CHUNK_CASES = [  # page size, blocks, budget, max_num_seqs, spec
+    (2, 10, 8, 2, [("r0", [2, 2, 100, 100], [7], 2, None), ("r1", [2, 2, 6, 3, 3], [7] * 5, 1, None), ("r2", [2, 2, 6, 3], [7], 2, None),
+                   ("r3", [2, 2], [7] * 4, 0, None), ("r4", [2, 2, 6, 3, 3, 104], [7] * 5, 1, None), ("r5", [2, 2, 6], [7] * 4, 0, None),
+                   ("r6", [2], [7, 7], 2, None), ("r7", [2, 2, 6, 3, 3, 7, 2], [7], 0, None), ("r8", [2, 2, 6, 3, 3, 7, 2, 108], [7], 0, None)]),
+    (4, 8, 8, 2, [("r0", [8, 4, 1, 7, 7, 4, 7, 100, 100, 100], [7] * 5, 2, None),
+                  ("r1", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 101, 101, 101], [7] * 7, 2, None), ("r2", [8, 4, 1, 7, 7, 102], [7, 7], 0, None),
+                  ("r3", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 103, 103], [7] * 4, 1, None), ("r4", [8, 4, 1, 7, 7, 104], [7] * 5, 2, None),
+                  ("r5", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 105, 105, 105], [7] * 4, 0, None), ("r6", [8, 106], [7], 0, None),
+                  ("r7", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 2, 107, 107, 107], [7] * 7, 0, None),
+                  ("r8", [8, 4, 1, 7, 7, 4, 7, 6, 2, 108, 108, 108], [7, 7, 7], 1, None)]),
+]
+
+
+@pytest.mark.parametrize("tree", ["naive", "sglang"])
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=[f"ps{c[0]}" for c in CHUNK_CASES])
+def test_a_chunk_is_checkpointed_after_the_steps_free_group(tree, case, request):
+    ps, blocks, budget, seqs, spec = case
+    make_tree = NaiveTree if tree == "naive" else (lambda ref, p: SglangTree(request.getfixturevalue("sglang"), ref, p))
+    compare(make_tree, spec, blocks, ps, SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seqs))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"ps{c[0]}-blocks{c[1]}-budget{c[2]}-seed{c[3]}" for c in CASES])
