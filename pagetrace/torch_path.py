@@ -7,8 +7,12 @@ runs over the whole row, then the values are read the same way. An nhd chunk is 
 tokens (each KV head a matrix with a row stride of num_kv_heads * head_dim, which BLAS
 takes as it is); an hnd or vLLM value chunk as blocks (each (block, KV head) a matrix as
 stored); see `_Reader`. Compared with gathering the whole sequence and calling SDPA, this
-never writes a sequence-sized copy into fresh memory, which on these CPUs costs more than
-the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md).
+never copies a sequence's keys or values into fresh memory, which on these CPUs costs more
+than the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md); only the
+score rows (kv_heads x query rows x keys, fp32) are sequence-sized. The kept buffers stay
+with the thread: up to `SCRATCH_BYTES` for each of five names, per dtype and device.
+
+Like the kernel, this path computes no gradient: it runs under `torch.no_grad()`.
 
 A long prefill would need a q_len x seq_len score matrix per head; past `SCORES_BYTES`
 the sequence goes through the reference's gather + fused SDPA instead.
@@ -30,6 +34,11 @@ SCORES_BYTES = 64 << 20  # the largest fp32 score matrix a sequence may build on
 def torch_attention(query, key_cache, value_cache, tables: torch.Tensor, batch: Batch, layout: str, scale: float,
                     sliding_window: int | None, soft_cap: float | None, out: torch.Tensor) -> torch.Tensor:
     """Write every sequence's attention output into `out` (``[num_query_tokens, num_heads, head_dim]``)."""
+    with torch.no_grad():  # a query that requires grad would refuse the matmuls' out= buffers
+        return _attention(query, key_cache, value_cache, tables, batch, layout, scale, sliding_window, soft_cap, out)
+
+
+def _attention(query, key_cache, value_cache, tables, batch, layout, scale, sliding_window, soft_cap, out):
     num_heads = query.shape[1]
     k_scale = 1.0 if batch.k_scale is None else float(batch.k_scale)
     v_scale = 1.0 if batch.v_scale is None else float(batch.v_scale)

@@ -67,6 +67,7 @@ def test_simulate_trace(capsys, tmp_path):
         (["--tables-svg", "x.svg"], "--tables-svg"),
         (["--chart", "/nonexistent/dir/c.svg"], "--chart"),
         (["--arrival-rate", "nan"], "--arrival-rate"),
+        (["--no-chunked-prefill", "--max-num-batched-tokens", "20"], "--max-num-batched-tokens"),  # vLLM refuses it
     ],
 )
 def test_simulate_bad_options(capsys, args, option):

@@ -286,3 +286,14 @@ def test_bad_varlen_inputs_name_the_argument():
         paged_attention(**args, k_scale=2.0, backend="torch")
     with pytest.raises(UsageError, match="out"):
         paged_attention(**args, out=torch.empty(2, 4, 16), backend="torch")
+
+
+def test_torch_backend_takes_a_query_that_requires_grad():
+    """Like the kernel, the torch path computes no gradient, and does not fail on such a query."""
+    seq_lens, q_lens = [20, 7], [1, 3]
+    args, keys, values, _ = build(seq_lens, q_lens, block_size=3, layout="hnd")
+    args["query"].requires_grad_(True)
+    out = paged_attention(**args, layout="hnd", backend="torch")
+    want, _, _ = reference(args["query"].detach().cpu(), keys, values, seq_lens, q_lens, 16**-0.5)
+    assert not out.requires_grad
+    assert_close_to(out.detach(), want, TOL["fp32"])

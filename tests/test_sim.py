@@ -127,6 +127,12 @@ def test_request_larger_than_pool_is_refused():
         simulate([SimRequest("big", list(range(100)), [1])], 4, 16)
 
 
+def test_request_longer_than_max_model_len_is_refused_up_front():
+    requests = synthetic(SyntheticSpec(requests=3, prompt_len=(50, 60), output_len=(10, 12), arrival_rate=1.0, seed=1))
+    with pytest.raises(ValueError, match="max_model_len=40"):
+        simulate(requests, 100, 16, max_model_len=40, max_steps=1_000)  # it used to run to the step bound
+
+
 def test_synthetic_is_seeded_and_shares_prefix():
     spec = SyntheticSpec(requests=20, prompt_len=(10, 40), output_len=(1, 8), shared_prefix=48, n=2, arrival_rate=1.0, seed=3)
     a, b = synthetic(spec), synthetic(spec)

@@ -116,6 +116,11 @@ def simulate(
         raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
     elif longest > max_model_len:
         raise UsageError("--max-model-len", max_model_len, f"a request stores {longest} tokens; raise it to at least that")
+    if not chunked_prefill and max_num_batched_tokens < max_model_len:
+        # vLLM refuses this configuration (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py):
+        # without chunking, a prompt (or a preempted request's recompute) must fit one step's budget
+        raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
+                         f"without --chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
     progress = _progress(len(workload), quiet=json_output)

@@ -92,6 +92,11 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
                 f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
                 f"more than the {usable} usable blocks of the pool"
             )
+        if len(r.prompt) + len(r.output) - 1 > max_model_len:  # it would wait for a slot it can never get
+            raise ValueError(
+                f"request {r.request_id} stores {len(r.prompt) + len(r.output) - 1} tokens at its longest, "
+                f"more than max_model_len={max_model_len}"
+            )
     if policy_name not in POLICIES:
         raise ValueError(f"unknown cache policy {policy_name!r}: one of {', '.join(POLICIES)}")
     policy = POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
