@@ -770,3 +770,13 @@ def test_parallel_sampling_sends_the_prompt_first():
         assert [s.first_scheduled for s in samples] == [prefix.finished_step + 1] * 4
     vllm = simulate(synthetic(SyntheticSpec(3, (40, 40), (5, 5), 0, 4, 0.2, 0)), 100, 16, policy="vllm")
     assert vllm.prefix_requests == 0 and [r.num_cached_tokens for r in vllm.requests[:4]] == [0, 32, 32, 32]
+
+
+def test_a_prefix_request_id_never_takes_a_trace_id():
+    from pagetrace.sim.workload import parse_trace
+
+    trace = '{"id": "x", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "output_len": 2, "n": 2}\n' \
+            '{"id": "x.prefix", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "output_len": 2, "arrival": 3}'
+    res = simulate(parse_trace(trace, 2), 20, 2, policy="sglang")
+    assert [(r.request_id, r.num_cached_tokens, r.first_scheduled) for r in res.requests] == [
+        ("x.prefix.prefix", 0, 0), ("x.0", 8, 1), ("x.1", 8, 1), ("x.prefix", 8, 3)]

@@ -30,16 +30,22 @@ def split_parallel_groups(requests: list[SimRequest]) -> tuple[list[SimRequest],
     sample's place) and each prefix request's held samples, by the prefix request's id."""
     feed: list[SimRequest] = []
     held: dict[str, list[SimRequest]] = {}
+    prefix_of: dict[str, str] = {}  # group -> its prefix request's id
+    taken = {r.request_id for r in requests}
     for r in requests:
         if r.group is None:
             feed.append(r)
             continue
-        rid = r.group + PREFIX_SUFFIX
-        samples = held.get(rid)
-        if samples is None:
-            samples = held[rid] = []
+        rid = prefix_of.get(r.group)
+        if rid is None:
+            rid = r.group + PREFIX_SUFFIX
+            while rid in taken:  # a trace may hold a request of that id: the suffix again
+                rid += PREFIX_SUFFIX
+            taken.add(rid)
+            prefix_of[r.group] = rid
+            held[rid] = []
             feed.append(SimRequest(rid, r.prompt, list(r.output[:1]), arrival=r.arrival, cache_salt=r.cache_salt))
-        samples.append(r)
+        held[rid].append(r)
     return feed, held
 
 
