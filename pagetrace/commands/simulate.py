@@ -123,10 +123,11 @@ def simulate(
                          f"without --chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
-    progress = _progress(len(workload), quiet=json_output)
+    runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
+    progress = _progress(runs, quiet=json_output)
     try:
         with progress or _nothing():
-            task = progress.add_task("simulating", total=len(workload)) if progress else None
+            task = progress.add_task("simulating", total=runs) if progress else None
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
