@@ -70,7 +70,8 @@ def waste_table(summary: Summary) -> Table:
 def totals(summary: Summary) -> Table:
     t = Table(show_header=False, title="Summary", title_justify="left")
     t.add_row("KV cache", f"{summary.cache}, vLLM's scheduler")
-    t.add_row("requests", f"{summary.requests:,}")
+    prefix = f" ({summary.prefix_requests:,} of them parallel-sampling prefix requests, SGLang's max_new_tokens=0 warm-up)" if summary.prefix_requests else ""
+    t.add_row("requests", f"{summary.requests:,}{prefix}")
     t.add_row("steps", f"{summary.steps:,}")
     t.add_row("peak blocks in use", f"{summary.peak_used_blocks:,} of {summary.usable_blocks:,}")
     t.add_row("peak running requests", f"{summary.peak_running:,}")

@@ -154,6 +154,8 @@ def test_synthetic_is_seeded_and_shares_prefix():
         ('{"output_len": 2}', ["line 1", "prompt_len"]),
         ('{"prompt_len": 5, "output_len": 2, "shared_prefix": 9}', ["line 1", "shared_prefix"]),
         ('{"prompt_len": 5, "output_len": 2, "arrival": -1}', ["line 1", "arrival"]),
+        # vLLM's validate_cache_salt (entrypoints/generate/base/protocol.py): "must be a non-empty string"
+        ('{"prompt": [1, 2], "output_len": 2}\n{"prompt": [1, 2], "output_len": 2, "cache_salt": ""}', ["line 2", "cache_salt", "non-empty"]),
     ],
 )
 def test_bad_trace_names_line_and_field(line, words):

@@ -64,7 +64,7 @@ class Reference:
         self.pool = RefPool(self, num_blocks)
         self.tree = make_tree(self, page_size)
         self.req_to_blocks: dict[str, list[int]] = {}
-        self.node, self.protected, self.pending = {}, {}, {}
+        self.node, self.protected, self.pending, self.chunked = {}, {}, {}, {}
         self.ever_cached, self.ever_cached_content = set(), set()  # the scheduler's causes are recounted below
         self.inserted: set[tuple] = set()  # (salt, tokens up to a page end) of every page ever inserted
         self.causes = {"hit": 0, "partial block": 0, "evicted": 0, "different extra key": 0, "first seen": 0}
@@ -144,6 +144,10 @@ class Reference:
             self.req_to_blocks[rid] += new
         if req.num_computed < req.prompt_len or req.num_tokens - req.num_computed > 1:
             self.pending[rid] = (req, min(start + n, req.num_tokens))
+            if start + n < req.num_tokens:  # its prefill goes on next step: SGLang's chunked_req
+                self.chunked[rid] = True
+            else:
+                self.chunked.pop(rid, None)
         return new
 
     def allocate_decode(self, req):
@@ -151,6 +155,7 @@ class Reference:
 
     def free(self, req) -> None:
         rid = req.request_id
+        self.chunked.pop(rid, None)
         if req.status == FINISHED:
             self.pending[rid] = (req, -1)
             return
@@ -160,9 +165,17 @@ class Reference:
         self.tree.unlock(self.node.pop(rid))
 
     def end_step(self) -> None:
+        """process_batch_result_*: in one free group, in batch order, finished requests released
+        and completed prefills checkpointed; then (scheduler.py `get_next_batch_to_run`:
+        `stash_chunked_request`, at the top of the next step) the request whose prefill stopped
+        mid-way is checkpointed, its duplicates freed on their own, after the group."""
         group: list[int] = []
+        later = []
         for req, up_to in sorted(self.pending.values(), key=lambda e: e[0].seq):
             rid = req.request_id
+            if up_to >= 0 and self.chunked.pop(rid, False):
+                later.append((req, up_to))
+                continue
             if up_to < 0:
                 self.checkpoint(req, min(req.num_computed, len(self.req_to_blocks[rid]) * self.block_size), group)
                 table = self.req_to_blocks.pop(rid)
@@ -173,21 +186,35 @@ class Reference:
         self.pending.clear()
         if group:
             self.give_back(group)
+        for req, up_to in later:
+            own: list[int] = []
+            self.checkpoint(req, up_to, own)
+            if own:
+                self.give_back(own)
 
     def checkpoint(self, req, up_to: int, group: list[int]) -> None:
+        """radix_cache.py `checkpoint`: insert the page-aligned computed tokens, then (split_prompt)
+        insert the page-aligned prompt again when it is shorter, so the prompt ends at a node;
+        free the request's copies of pages the tree already held, rebind, move the lock."""
         rid, ps = req.request_id, self.block_size
         k = up_to // ps
         table, protected = self.req_to_blocks[rid], self.protected[rid]
         tokens = req.token_slice(0, k * ps)
-        prefix = self.tree.insert(tokens, table[:k], req.cache_salt) // ps
         self.inserted.update((req.cache_salt, tokens[: j * ps]) for j in range(1, k + 1))
-        pages, node = self.tree.match(tokens, req.cache_salt) if tokens else ([], self.tree.root)
-        for i in range(protected, prefix):
-            group.append(table[i])
-            table[i] = pages[i]
+        if hasattr(self.tree, "checkpoint"):  # SGLang's own RadixCache.checkpoint
+            node = self.tree.checkpoint(req, tokens, table, protected, self.node[rid], group)
+        else:
+            prefix = self.tree.insert(tokens, table[:k], req.cache_salt) // ps
+            prompt = req.prompt_len // ps * ps
+            if 0 < prompt < k * ps:
+                self.tree.insert(tokens[:prompt], table[: prompt // ps], req.cache_salt)
+            pages, node = self.tree.match(tokens, req.cache_salt) if tokens else ([], self.tree.root)
+            for i in range(protected, prefix):
+                group.append(table[i])
+                table[i] = pages[i]
+            self.tree.unlock(self.node[rid])
+            self.tree.lock(node)
         self.protected[rid] = k
-        self.tree.unlock(self.node[rid])
-        self.tree.lock(node)
         self.node[rid] = node
 
 
@@ -363,6 +390,7 @@ class SglangTree:
         self.torch, self.array = torch, array
         self.rc, self.bpc = sglang
         self.ref, self.ps = ref, page_size
+        self.freeing: list[int] | None = None
         tree = self
 
         class Allocator:  # what RadixCache.evict calls: free_segment(node.value)
@@ -370,6 +398,9 @@ class SglangTree:
 
             def free_segment(self, slots, start_pos=0):
                 pages = (slots[::page_size] // page_size).tolist()
+                if tree.freeing is not None:  # checkpoint's duplicates: the step's free group
+                    tree.freeing += pages
+                    return
                 tree.ref.give_back(pages)
                 tree.ref.pool.evictions += len(pages)
 
@@ -393,6 +424,32 @@ class SglangTree:
 
     def unlock(self, node) -> None:
         self.cache.dec_lock_ref(node)
+
+    def checkpoint(self, req, tokens, table, protected, node, group):
+        """`RadixCache.checkpoint` itself, on a stand-in `Req` whose kv row is `table`'s slots:
+        what it frees goes into the step's free group, the row it rewrites back into `table`."""
+        torch, ps = self.torch, self.ps
+        row = torch.tensor([p * ps + j for p in table for j in range(ps)], dtype=torch.int64)[None, :]
+        kv = types.SimpleNamespace(req_pool_idx=0, cache_protected_len=protected * ps, cache_inserted_len=0, swa_evict_floor=0)
+        lock = self.bpc.TreeLock(node, self.cache.inc_lock_ref(node).to_dec_params())
+        self.cache.dec_lock_ref(node)  # the lock the Reference took, now held as a TreeLock
+        sreq = types.SimpleNamespace(
+            kv=kv, lock=lock, last_node=node, priority=None, extra_key=None, cache_salt=req.cache_salt,
+            origin_input_ids=req.token_slice(0, req.prompt_len), full_untruncated_fill_ids=self.array("q", tokens),
+        )
+
+        def write(index, values):
+            row[index[0], index[1]] = values
+
+        self.cache.req_to_token_pool = types.SimpleNamespace(req_to_token=row, write=write)
+        self.freeing = group
+        try:
+            self.cache.checkpoint(sreq, up_to=len(tokens))
+        finally:
+            self.freeing = None
+        table[: len(tokens) // ps] = (row[0, : len(tokens) : ps] // ps).tolist()
+        assert kv.cache_protected_len == len(tokens)
+        return sreq.last_node
 
     def evictable(self) -> int:
         return self.cache.evictable_size() // self.ps
@@ -455,12 +512,39 @@ def check_against(make_tree, case) -> int:
     need = max(cdiv(len(p) + len(o) - 1, ps) for _, p, o, _, _ in spec)
     blocks = max(blocks, need + 2)
     config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16)
+    return compare(make_tree, spec, blocks, ps, config)
+
+
+def compare(make_tree, spec, blocks: int, ps: int, config: SchedulerConfig) -> int:
     got = run(SglangRadixCache(blocks, ps), spec, config)
     want = run(Reference(make_tree, blocks, ps), spec, config)
     for g, w in zip(got[0], want[0]):
         assert g == w, f"step {g[0]} differs"
     assert len(got[0]) == len(want[0]) and got[1:] == want[1:]
     return sum(t[6] for t in got[0]) + got[2]  # evictions + preemptions: the case exercised them
+
+
+# Prefills chunked by a small token budget while requests sharing their prefix finish: the
+# chunk's duplicate pages are freed after the step's free group (stash_chunked_request).
+CHUNK_CASES = [  # page size, blocks, budget, max_num_seqs, spec
+    (2, 10, 8, 2, [("r0", [2, 2, 100, 100], [7], 2, None), ("r1", [2, 2, 6, 3, 3], [7] * 5, 1, None), ("r2", [2, 2, 6, 3], [7], 2, None),
+                   ("r3", [2, 2], [7] * 4, 0, None), ("r4", [2, 2, 6, 3, 3, 104], [7] * 5, 1, None), ("r5", [2, 2, 6], [7] * 4, 0, None),
+                   ("r6", [2], [7, 7], 2, None), ("r7", [2, 2, 6, 3, 3, 7, 2], [7], 0, None), ("r8", [2, 2, 6, 3, 3, 7, 2, 108], [7], 0, None)]),
+    (4, 8, 8, 2, [("r0", [8, 4, 1, 7, 7, 4, 7, 100, 100, 100], [7] * 5, 2, None),
+                  ("r1", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 101, 101, 101], [7] * 7, 2, None), ("r2", [8, 4, 1, 7, 7, 102], [7, 7], 0, None),
+                  ("r3", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 103, 103], [7] * 4, 1, None), ("r4", [8, 4, 1, 7, 7, 104], [7] * 5, 2, None),
+                  ("r5", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 105, 105, 105], [7] * 4, 0, None), ("r6", [8, 106], [7], 0, None),
+                  ("r7", [8, 4, 1, 7, 7, 4, 7, 6, 2, 1, 4, 3, 1, 2, 107, 107, 107], [7] * 7, 0, None),
+                  ("r8", [8, 4, 1, 7, 7, 4, 7, 6, 2, 108, 108, 108], [7, 7, 7], 1, None)]),
+]
+
+
+@pytest.mark.parametrize("tree", ["naive", "sglang"])
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=[f"ps{c[0]}" for c in CHUNK_CASES])
+def test_a_chunk_is_checkpointed_after_the_steps_free_group(tree, case, request):
+    ps, blocks, budget, seqs, spec = case
+    make_tree = NaiveTree if tree == "naive" else (lambda ref, p: SglangTree(request.getfixturevalue("sglang"), ref, p))
+    compare(make_tree, spec, blocks, ps, SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seqs))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"ps{c[0]}-blocks{c[1]}-budget{c[2]}-seed{c[3]}" for c in CASES])
@@ -643,3 +727,52 @@ def test_cli_policy(tmp_path):
         doc = json.loads(out.stdout)
         assert doc["config"]["policy"] == policy
         assert doc["summary"]["waste"][0]["system"] == ("SGLang (radix)" if policy == "sglang" else "vLLM (paged)")
+        out = CliRunner().invoke(app, ["simulate", "--policy", policy, "--requests", "5", "--n", "3", "--json"])
+        doc = json.loads(out.stdout)
+        assert doc["summary"]["requests"] == (20 if policy == "sglang" else 15)
+        assert doc["summary"]["prefix_requests"] == (5 if policy == "sglang" else 0)
+
+
+def test_the_prompt_is_split_off_so_eviction_can_keep_it():
+    """radix_cache.py `checkpoint(split_prompt=True)` re-inserts the page-aligned prompt, so a
+    finished request's node ends at its prompt and its output is a leaf of its own. Page size
+    1, slots 1..6, budget 4. r1 ([8] -> 3 8) finishes in step 2 leaving [8] -> [3]; r6
+    ([8 5]) matches [8] in step 4, when one slot must be evicted: the output leaf [3] goes,
+    the prompt [8] stays (without the split the whole node [8 3] went: 2 slots, no hit)."""
+    spec = [("r1", [8], [3, 8], 1), ("r5", [7, 1, 5, 6], [5, 1], 2), ("r6", [8, 5], [6], 2), ("r8", [7, 1, 5, 8], [6, 7, 3], 0)]
+    reqs = [SimRequest(i, p, o, arrival=a) for i, p, o, a in spec]
+    res = simulate(reqs, 7, 1, SchedulerConfig(max_num_batched_tokens=4, max_num_seqs=4), policy="sglang")
+    assert res.steps[4].evicted == 1
+    assert reqs[2].num_cached_tokens == 1
+
+
+def test_parallel_sampling_sends_the_prompt_first():
+    """tokenizer_manager.py "Cache the common prefix for parallel sampling": a request with
+    n > 1 is first sent with max_new_tokens=0; its n samples go out once it has finished.
+    Page size 16, prompt 40: the prefix request prefills alone and finishes in its first
+    step, leaving 2 whole pages in the tree; the 4 samples are admitted the next step and
+    each matches those 32 tokens (the vLLM policy: sample 0 computes, the others hit)."""
+    from pagetrace.sim.workload import SyntheticSpec, synthetic
+
+    reqs = synthetic(SyntheticSpec(3, (40, 40), (5, 5), 0, 4, 0.2, 0))
+    res = simulate(reqs, 100, 16, SchedulerConfig(max_num_batched_tokens=4096), policy="sglang")
+    assert res.prefix_requests == 3 and len(res.requests) == 15
+    by_id = {r.request_id: r for r in res.requests}
+    for g in ("0", "1", "2"):
+        prefix = by_id[f"{g}.prefix"]
+        assert (prefix.num_cached_tokens, prefix.first_scheduled, prefix.finished_step) == (0, prefix.arrival, prefix.arrival)
+        samples = [by_id[f"{g}.{k}"] for k in range(4)]
+        assert [s.num_cached_tokens for s in samples] == [32] * 4
+        assert [s.first_scheduled for s in samples] == [prefix.finished_step + 1] * 4
+    vllm = simulate(synthetic(SyntheticSpec(3, (40, 40), (5, 5), 0, 4, 0.2, 0)), 100, 16, policy="vllm")
+    assert vllm.prefix_requests == 0 and [r.num_cached_tokens for r in vllm.requests[:4]] == [0, 32, 32, 32]
+
+
+def test_a_prefix_request_id_never_takes_a_trace_id():
+    from pagetrace.sim.workload import parse_trace
+
+    trace = '{"id": "x", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "output_len": 2, "n": 2}\n' \
+            '{"id": "x.prefix", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "output_len": 2, "arrival": 3}'
+    res = simulate(parse_trace(trace, 2), 20, 2, policy="sglang")
+    assert [(r.request_id, r.num_cached_tokens, r.first_scheduled) for r in res.requests] == [
+        ("x.prefix.prefix", 0, 0), ("x.0", 8, 1), ("x.1", 8, 1), ("x.prefix", 8, 3)]

@@ -38,7 +38,7 @@ def simulate(
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
-    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks).")] = 1,
+    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
     arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
@@ -123,10 +123,11 @@ def simulate(
                          f"without --chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
-    progress = _progress(len(workload), quiet=json_output)
+    runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
+    progress = _progress(runs, quiet=json_output)
     try:
         with progress or _nothing():
-            task = progress.add_task("simulating", total=len(workload)) if progress else None
+            task = progress.add_task("simulating", total=runs) if progress else None
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,

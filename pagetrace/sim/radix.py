@@ -16,7 +16,8 @@ SGLang 0.5.23's (the PyPI wheel), python/sglang/srt/mem_cache/:
 - When nodes are inserted (`checkpoint` -> `_insert_cache`, called by common.py
   `checkpoint_kv_cache` after each prefill step of an unfinished request, and by
   `release_kv_cache(checkpoint=True)` when a request finishes): the page-aligned computed
-  tokens go into the tree; pages the request computed that the tree already holds are
+  tokens go into the tree, then the page-aligned prompt again when it is shorter
+  (`split_prompt`: the node splits where the prompt ends, the output a leaf of its own); pages the request computed that the tree already holds are
   freed (`free_segment(kv_indices[cache_protected_len:prefix_len])`) and the request's
   row is rebound to the tree's pages; its lock moves to the new last node. On finish the
   unaligned tail page is freed too and the lock dropped (earlier releases name these two
@@ -38,9 +39,10 @@ Mapping onto the scheduler's calls (it allocates per request, so the shortfall i
 request's; SGLang's own batch estimate of one spare page per request is not modelled):
 `lookup` = `match_prefix` of the first `num_tokens - 1` tokens (schedule_batch.py
 `_compute_max_prefix_len`: "at most 1 less than the input length"); `allocate_slots`
-locks the match, evicts, takes pages; a prefill chunk is checkpointed and a finished
-request released after the step (`end_step`), in batch order (`seq`); a preempted one is
-released at once. Access times are a counter, ties broken by node creation order.
+locks the match, evicts, takes pages; a completed prefill is checkpointed and a finished
+request released after the step (`end_step`), in batch order (`seq`), one free group; a
+prefill that stopped mid-way is checkpointed after that group, on its own (SGLang does it at
+the top of the next step); a preempted request is released at once. Access times are a counter, ties broken by node creation order.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class SglangRadixCache:
         self._node: dict[str, TreeNode] = {}  # req.last_node: the node the request locks
         self._protected: dict[str, int] = {}  # req.kv.cache_protected_len, in pages: the tree's part of the table
         self._match: tuple[str, TreeNode] | None = None  # the latest lookup: (request id, last node)
-        self._pending: dict[str, tuple[SimRequest, int]] = {}  # after the step: checkpoint to n tokens, or -1 = release
+        # after the step: (request, checkpoint to n tokens or -1 = release, its prefill goes on next step)
+        self._pending: dict[str, tuple[SimRequest, int, bool]] = {}
 
     # -- the policy calls --
 
@@ -179,7 +182,8 @@ class SglangRadixCache:
         for p in refs:
             ref[p] += 1
         if self.enable_caching and (c < req.prompt_len or req.num_tokens - c > 1):  # a prefill chunk
-            self._pending[rid] = (req, min(total + num_new_tokens, req.num_tokens))
+            up_to = total + num_new_tokens
+            self._pending[rid] = (req, min(up_to, req.num_tokens), up_to < req.num_tokens)
         return new
 
     def free(self, req: SimRequest) -> None:
@@ -189,7 +193,7 @@ class SglangRadixCache:
         if rid not in self.req_to_blocks:
             return
         if req.status == FINISHED:
-            self._pending[rid] = (req, -1)
+            self._pending[rid] = (req, -1, False)
             return
         self._pending.pop(rid, None)
         group: list[int] = []
@@ -197,13 +201,19 @@ class SglangRadixCache:
         self.pool.release(group)
 
     def end_step(self) -> None:
-        """The step's results, in batch order, as one free group: each unfinished prefill
-        is checkpointed, each finished request released (`process_batch_result_*`)."""
+        """The step's results, in batch order, as one free group: each finished request
+        released, each request whose prefill completed checkpointed (`process_batch_result_*`).
+        Then each request whose prefill stopped mid-way (SGLang's `chunked_req`) is
+        checkpointed on its own, after the group: scheduler.py `get_next_batch_to_run` does it
+        (`stash_chunked_request`) at the top of the next step, outside any free group."""
         if not self._pending:
             return
         group: list[int] = []
-        for req, up_to in sorted(self._pending.values(), key=lambda entry: entry[0].seq):
-            if up_to < 0:
+        chunked: list[tuple[SimRequest, int, bool]] = []
+        for req, up_to, mid in sorted(self._pending.values(), key=lambda entry: entry[0].seq):
+            if mid:
+                chunked.append((req, up_to, mid))
+            elif up_to < 0:
                 if self.enable_caching:
                     rid = req.request_id
                     stored = min(req.num_computed, len(self.req_to_blocks[rid]) * self.block_size)
@@ -213,15 +223,25 @@ class SglangRadixCache:
                 self._checkpoint(req, up_to // self.block_size, group)
         self._pending.clear()
         self.pool.release(group)
+        for req, up_to, _ in chunked:
+            own: list[int] = []
+            self._checkpoint(req, up_to // self.block_size, own)
+            self.pool.release(own)
 
     # -- requests and the tree --
 
     def _checkpoint(self, req: SimRequest, k: int, group: list[int]) -> None:
-        """radix_cache.py `checkpoint`: insert the first k pages, free the duplicates, rebind, move the lock."""
+        """radix_cache.py `checkpoint`: insert the first k pages, split the node at the prompt's
+        last whole page (`_insert_cache(split_prompt=True)` inserts the page-aligned prompt again,
+        "so eviction can drop the output KV without the prompt"), free the duplicates, rebind,
+        move the lock."""
         rid, ps, ref = req.request_id, self.block_size, self.pool.ref_cnt
         table, protected = self.req_to_blocks[rid], self._protected[rid]
         tokens = req.token_slice(0, k * ps)
         prefix = self._insert(tokens, table[:k], req.cache_salt) // ps
+        prompt_pages = req.prompt_len // ps
+        if 0 < prompt_pages < k:
+            self._insert(tokens[: prompt_pages * ps], table[:prompt_pages], req.cache_salt)
         pages, node = self._match_prefix(tokens, req.cache_salt)
         for i in range(protected, prefix):  # the tree had these already: free ours, take the tree's
             group.append(table[i])

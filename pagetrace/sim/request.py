@@ -26,6 +26,7 @@ class SimRequest:
     output: list[int]  # all output tokens; `num_generated` of them exist so far
     arrival: int = 0
     cache_salt: str | None = None
+    group: str | None = None  # a sample of parallel sampling (n > 1): the id of the request it samples
     status: str = WAITING
     num_computed: int = 0  # tokens whose K/V are in the cache (`num_computed_tokens`)
     num_generated: int = 0

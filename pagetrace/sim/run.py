@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import RuntimeFailure
+from .parallel import split_parallel_groups
 from .policy import KVCachePolicy, VllmPrefixCaching
 from .radix import SglangRadixCache
 from .request import SimRequest
@@ -25,6 +26,7 @@ class SimResult:
     occupancy: list[list[int]] | None = None  # step -> block -> request index, FREE or CACHED
     shared: list[list[int]] | None = None  # step -> blocks referenced by more than one request
     occupancy_cut: bool = False  # recording stopped at `max_cells` cells: the first steps only
+    prefix_requests: int = 0  # SGLang's parallel-sampling prefix requests among `requests` (parallel.py)
 
 
 def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[int], list[int]]:
@@ -99,9 +101,15 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
         raise ValueError(f"unknown cache policy {policy_name!r}: one of {', '.join(POLICIES)}")
     policy = POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
     sched = Scheduler(policy, config or SchedulerConfig())
-    index = {r.request_id: i for i, r in enumerate(pending)}
+    held: dict[str, list[SimRequest]] = {}  # a prefix request's samples, sent once it finishes
+    everyone = pending
+    if policy_name == "sglang" and any(r.group is not None for r in pending):
+        pending, held = split_parallel_groups(pending)
+        everyone = [x for r in pending for x in (r, *held.get(r.request_id, ()))]
+    index = {r.request_id: i for i, r in enumerate(everyone)}
     want_tables = set(tables_at)
-    result = SimResult(pending, [], policy, 0, occupancy=[] if record_occupancy else None, shared=[] if record_occupancy else None)
+    result = SimResult(everyone, [], policy, 0, occupancy=[] if record_occupancy else None, shared=[] if record_occupancy else None,
+                       prefix_requests=len(held))
     nxt = 0
     while nxt < len(pending) or sched.waiting or sched.running:
         step = sched.step_count
@@ -115,6 +123,10 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             continue
         record = sched.step()
         result.steps.append(record)
+        if held:
+            for rid in record.finished:
+                for sample in held.pop(rid, ()):
+                    sched.add(sample)
         if step in want_tables:
             result.tables_at[step] = {rid: list(b) for rid, b in policy.req_to_blocks.items()}
         if record_occupancy and (len(result.occupancy) + 1) * num_blocks > max_cells:

@@ -23,6 +23,7 @@ class Summary:
     evictions: int
     waste: list[Waste]
     cache: str = "vLLM (paged)"  # the policy's label
+    prefix_requests: int = 0  # of `requests`: SGLang's parallel-sampling prefix requests (sim/parallel.py)
 
     @property
     def hit_rate(self) -> float:
@@ -31,6 +32,7 @@ class Summary:
     def to_json(self) -> dict:
         return {
             "requests": self.requests,
+            "prefix_requests": self.prefix_requests,
             "steps": self.steps,
             "preemptions": self.preemptions,
             "preempted_requests": self.preempted_requests,
@@ -66,4 +68,5 @@ def summarize(result: SimResult, causes: dict[str, int], block_size: int, max_mo
         evictions=pool.evictions,
         waste=waste,
         cache=result.policy.label,
+        prefix_requests=result.prefix_requests,
     )

@@ -66,7 +66,7 @@ def synthetic(spec: SyntheticSpec) -> list[SimRequest]:
         for k in range(spec.n):
             start = base + UNIQUE_STRIDE // 2 + k * (UNIQUE_STRIDE // 64)
             rid = str(i) if spec.n == 1 else f"{i}.{k}"
-            out.append(SimRequest(rid, prompt, range(start, start + output_len), arrival=int(t)))
+            out.append(SimRequest(rid, prompt, range(start, start + output_len), arrival=int(t), group=None if spec.n == 1 else str(i)))
     return out
 
 
@@ -134,12 +134,15 @@ def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest
         if len(out) + n > MAX_REQUESTS:
             raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
         salt = _field(obj, "cache_salt", line_no, str)
+        if salt == "":  # vLLM's API rejects it (validate_cache_salt); SGLang would read it as no salt
+            raise UsageError("--trace", salt, f"trace line {line_no}, field 'cache_salt' must be a non-empty string if given (vLLM rejects an empty salt)")
         for k in range(n):
             sample = output
             if sample is None:
                 start = base + UNIQUE_STRIDE // 2 + k * (UNIQUE_STRIDE // 64)
                 sample = range(start, start + olen)
-            out.append(SimRequest(rid if n == 1 else f"{rid}.{k}", prompt, sample, arrival=arrival, cache_salt=salt))
+            out.append(SimRequest(rid if n == 1 else f"{rid}.{k}", prompt, sample, arrival=arrival, cache_salt=salt,
+                                  group=None if n == 1 else rid))
     if not out:
         what = "is empty" if not text else "holds only blank lines"
         raise UsageError("--trace", source, f"the file {what}: a trace has one JSON request per line")
