@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ..blocks import cdiv
 from .blockpool import BlockPool
-from .request import SimRequest, hash_block
+from .request import SimRequest, block_key, hash_block
 
 
 class KVCachePolicy(Protocol):
@@ -198,7 +198,9 @@ class VllmPrefixCaching:
                 return None
             else:
                 p, start = req.prompt_len, i * bs
-                tokens = tuple(req.output[start - p : start + bs - p]) if start >= p else req.token_slice(start, start + bs)
+                tokens = req.output[start - p : start + bs - p] if start >= p else None
+                if type(tokens) is not range or tokens.step != 1:
+                    tokens = block_key(req.token_run(start, start + bs))
                 parent = hashes[-1] if i else None
                 if req.cache_salt is None:
                     h = hash((parent, tokens, None))  # hash_block(parent, tokens, None), inlined

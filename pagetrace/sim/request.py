@@ -12,9 +12,32 @@ def hash_block(parent: int | None, tokens: tuple[int, ...], extra_keys: tuple | 
 
     vllm/v1/core/kv_cache_utils.py `hash_block_tokens`: `hash_function((parent_block_hash,
     curr_block_token_ids_tuple, extra_keys))`, the first block's parent being NONE_HASH.
-    vLLM hashes with sha256/xxhash; only equality matters here, so Python's hash serves.
+    vLLM hashes with sha256/xxhash; only equality matters here, so Python's hash serves,
+    and the token ids enter as `block_key` gives them.
     """
     return hash((parent, tokens, extra_keys))
+
+
+def block_key(tokens: range | tuple[int, ...]) -> range | tuple[int, ...]:
+    """A block's token ids as they enter its hash: a `range` when they are consecutive ids,
+    a tuple otherwise. Only equality of hashes matters to the simulator, and equal blocks
+    get equal keys either way; a range hashes without touching its ids (the synthetic
+    workloads' text is runs of consecutive ids)."""
+    if type(tokens) is range:
+        return tokens if tokens.step == 1 else block_key(tuple(tokens))
+    first = tokens[0]
+    n = len(tokens)
+    if tokens[-1] - first == n - 1 and tokens == tuple(range(first, first + n)):
+        return range(first, first + n)
+    return tokens
+
+
+def _run(seq, start: int, stop: int) -> range | tuple[int, ...]:
+    """seq[start:stop] as a range when the sequence can give one, else as a tuple."""
+    if type(seq) is range:
+        return seq[start:stop]
+    run = getattr(seq, "run", None)  # workload.SyntheticTokens
+    return run(start, stop) if run is not None else tuple(seq[start:stop])
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +81,16 @@ class SimRequest:
             return tuple(self.output[start - p : stop - p])
         return tuple(self.prompt[start:]) + tuple(self.output[: stop - p])
 
+    def token_run(self, start: int, stop: int) -> range | tuple[int, ...]:
+        """The token ids start..stop as `token_slice` gives them, or as a range when the
+        request's token sequence can give one."""
+        p = self.prompt_len
+        if stop <= p:
+            return _run(self.prompt, start, stop)
+        if start >= p:
+            return _run(self.output, start - p, stop - p)
+        return self.token_slice(start, stop)
+
     def update_hashes(self, block_size: int) -> None:
         """Hash every full block of the tokens known so far (the request's block hasher,
         kv_cache_utils.py `get_request_block_hasher`: full blocks only, chained).
@@ -73,17 +106,23 @@ class SimRequest:
             return
         parent = hashes[-1] if i else None
         first = i
-        known = self.token_slice(first * block_size, full * block_size)  # one slice for every new block
+        known = self.token_run(first * block_size, full * block_size)  # one slice for every new block
+        canonical = type(known) is range and known.step == 1  # then so is each block's slice
         if self.cache_salt is None:  # the common case: no extra keys, one chain
             append = hashes.append
-            for k in range(0, len(known), block_size):
-                parent = hash((parent, known[k : k + block_size], None))  # hash_block(parent, tokens, None)
-                append(parent)
+            if canonical:
+                for k in range(0, len(known), block_size):
+                    parent = hash((parent, known[k : k + block_size], None))  # hash_block(parent, key, None)
+                    append(parent)
+            else:
+                for k in range(0, len(known), block_size):
+                    parent = hash((parent, block_key(known[k : k + block_size]), None))
+                    append(parent)
             return
         content = self.content_hashes
         for i in range(first, full):
             k = (i - first) * block_size
-            tokens = known[k : k + block_size]
+            tokens = block_key(known[k : k + block_size])
             extra = (("cache_salt", self.cache_salt),) if i == 0 else None
             parent = hash_block(parent, tokens, extra)
             hashes.append(parent)

@@ -39,6 +39,15 @@ class SyntheticTokens:
         tail = tuple(range(self.base + max(start, s) - s, self.base + stop - s)) if stop > s else ()
         return head + tail
 
+    def run(self, start: int, stop: int) -> range | tuple[int, ...]:
+        """The ids start..stop as a `range` when they lie in one part (consecutive ids), else a tuple."""
+        s = self.shared
+        if stop <= s:
+            return range(1 + start, 1 + stop)
+        if start >= s:
+            return range(self.base + start - s, self.base + stop - s)
+        return self[start:stop]
+
 
 @dataclass(slots=True)
 class SyntheticSpec:
