@@ -123,9 +123,16 @@ class BlockPool:
         queue = self.queue
         if n > queue.num_free:
             raise ValueError(f"cannot get {n} free blocks from the pool")
-        blocks = queue.popleft_n(n)
+        # queue.popleft_n(n) and the evictions in one pass
+        nxt, prev = queue.next, queue.prev
         ref, hashes, cached, evicted = self.ref_cnt, self.block_hash, self.cached, 0
-        for b in blocks:
+        blocks = []
+        append = blocks.append
+        b = nxt[queue.head]
+        for _ in range(n):
+            append(b)
+            following = nxt[b]
+            nxt[b] = prev[b] = -1
             key = hashes[b]
             if key is not None:  # `_maybe_evict_cached_block`: the block's hash is dropped
                 holders = cached[key]
@@ -138,6 +145,10 @@ class BlockPool:
                 hashes[b] = None
                 evicted += 1
             ref[b] += 1
+            b = following
+        nxt[queue.head] = b
+        prev[b] = queue.head
+        queue.num_free -= n
         self.evictions += evicted
         return blocks
 
@@ -172,8 +183,32 @@ class BlockPool:
         the FRONT of the queue (LIFO reuse, "for better GPU locality"); a cached one goes to
         the BACK (FIFO, so the cache evicts least recently used first).
         """
-        blocks = list(ordered_blocks)
         ref, hashes = self.ref_cnt, self.block_hash
+        if self.uncached_first and self.enable_caching:
+            # The common case in one pass: a cached block is linked at the back at once (the
+            # back keeps the given order), an uncached one is kept for the front.
+            queue = self.queue
+            nxt, prev = queue.next, queue.prev
+            tail = queue.tail
+            first = []
+            before = prev[tail]
+            count = queue.num_free
+            for b in ordered_blocks:
+                r = ref[b] = ref[b] - 1
+                if r or not b:  # block 0, the null block, is never freed
+                    continue
+                if hashes[b] is None:
+                    first.append(b)
+                else:
+                    prev[b], nxt[before] = before, b
+                    before = b
+                    count += 1
+            nxt[before], prev[tail] = tail, before
+            queue.num_free = count
+            if first:
+                queue.prepend_n(first)
+            return
+        blocks = list(ordered_blocks)
         for b in blocks:
             ref[b] -= 1
         freed = [b for b in blocks if not ref[b] and b]  # block 0, the null block, is never freed
