@@ -189,30 +189,41 @@ class VllmPrefixCaching:
         fills decides where that hash sits in the cache, and the step must run explicitly."""
         bs, done, cached = self.block_size, self.num_cached_block, self.pool.cached
         out = []
+        append = out.append
         for req in reqs:
             i = done[req.request_id]
             hashes = req.block_hashes
-            if len(hashes) > i:  # hashed before (by a lookup, or before a preemption)
+            n = len(hashes)
+            if n == i:  # the usual: the block is hashed now
+                start = i * bs - req.prompt_len
+                tokens = req.output[start : start + bs] if start >= 0 else None
+                if i and req.cache_salt is None and type(tokens) is range and tokens.step == 1:
+                    h = hash((hashes[-1], tokens, None))  # hash_block(parent, block_key(tokens), None), inlined
+                    hashes.append(h)
+                else:
+                    h = self._hash_next(req, i)
+            elif n > i:  # hashed before (by a lookup, or before a preemption)
                 h = hashes[i]
-            elif len(hashes) < i:
-                return None
             else:
-                p, start = req.prompt_len, i * bs
-                tokens = req.output[start - p : start + bs - p] if start >= p else None
-                if type(tokens) is not range or tokens.step != 1:
-                    tokens = block_key(req.token_run(start, start + bs))
-                parent = hashes[-1] if i else None
-                if req.cache_salt is None:
-                    h = hash((parent, tokens, None))  # hash_block(parent, tokens, None), inlined
-                else:  # the salt is the first block's extra key (update_hashes)
-                    h = hash_block(parent, tokens, (("cache_salt", req.cache_salt),) if i == 0 else None)
-                    content = req.content_hashes
-                    content.append(hash_block(content[-1] if i else None, tokens, None))
-                hashes.append(h)
+                return None
             if h in cached:
                 return None
-            out.append(h)
+            append(h)
         return out
+
+    def _hash_next(self, req: SimRequest, i: int) -> int:
+        """Hash block i of the request, the next of its chain (`update_hashes` for one block)."""
+        bs = self.block_size
+        tokens = block_key(req.token_run(i * bs, (i + 1) * bs))
+        parent = req.block_hashes[-1] if i else None
+        if req.cache_salt is None:
+            h = hash_block(parent, tokens, None)
+        else:  # the salt is the first block's extra key (update_hashes)
+            h = hash_block(parent, tokens, (("cache_salt", req.cache_salt),) if i == 0 else None)
+            content = req.content_hashes
+            content.append(hash_block(content[-1] if i else None, tokens, None))
+        req.block_hashes.append(h)
+        return h
 
     def decode_cache(self, reqs: list[SimRequest], hashes: list[int]) -> None:
         """Cache the blocks of `decode_hashes` (`_cache_blocks` for one block each)."""
