@@ -123,41 +123,33 @@ class BlockPool:
         queue = self.queue
         if n > queue.num_free:
             raise ValueError(f"cannot get {n} free blocks from the pool")
-        nxt, prev, ref = queue.next, queue.prev, self.ref_cnt
-        blocks = []  # queue.popleft_n(n), inlined
+        # queue.popleft_n(n) and the evictions in one pass
+        nxt, prev = queue.next, queue.prev
+        ref, hashes, cached, evicted = self.ref_cnt, self.block_hash, self.cached, 0
+        blocks = []
         append = blocks.append
         b = nxt[queue.head]
         for _ in range(n):
             append(b)
             following = nxt[b]
             nxt[b] = prev[b] = -1
+            key = hashes[b]
+            if key is not None:  # `_maybe_evict_cached_block`: the block's hash is dropped
+                holders = cached[key]
+                if type(holders) is int:
+                    del cached[key]
+                else:
+                    del holders[b]
+                    if not holders:
+                        del cached[key]
+                hashes[b] = None
+                evicted += 1
             ref[b] += 1
             b = following
         nxt[queue.head] = b
         prev[b] = queue.head
         queue.num_free -= n
-        hashes = self.block_hash
-        keys = list(map(hashes.__getitem__, blocks))
-        evicted = n - keys.count(None)
-        if evicted:  # `_maybe_evict_cached_block`: each cached block's hash is dropped
-            self.evictions += evicted
-            cached = self.cached
-            gone = keys if evicted == n else [k for k in keys if k is not None]
-            if dict not in map(type, map(cached.__getitem__, gone)):
-                for key in gone:  # each hash held by its block alone (so the hashes are distinct)
-                    del cached[key]
-            else:
-                for b, key in zip(blocks, keys):
-                    if key is not None:
-                        holders = cached[key]
-                        if type(holders) is int:
-                            del cached[key]
-                        else:
-                            del holders[b]
-                            if not holders:
-                                del cached[key]
-            for b in blocks:
-                hashes[b] = None
+        self.evictions += evicted
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
