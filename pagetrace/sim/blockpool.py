@@ -168,27 +168,6 @@ class BlockPool:
         if self.cached.setdefault(block_hash, block) != block:
             self.add_holder(block_hash, block)
 
-    def cache_blocks(self, blocks: list[int], block_hashes: list[int]) -> None:
-        """`cache_block` for each pair in order (`cache_full_blocks`). The usual case, distinct
-        new hashes on distinct uncached blocks, is one `dict.update`: the same entries in the
-        same order as the loop."""
-        block_hash, cached = self.block_hash, self.cached
-        if (
-            cached.keys().isdisjoint(block_hashes)
-            and len(set(block_hashes)) == len(block_hashes) == len(set(blocks))
-            and list(map(block_hash.__getitem__, blocks)).count(None) == len(blocks)
-        ):
-            for b, h in zip(blocks, block_hashes):
-                block_hash[b] = h
-            cached.update(zip(block_hashes, blocks))
-            return
-        insert = cached.setdefault
-        for b, h in zip(blocks, block_hashes):
-            if block_hash[b] is None:  # cache_block(b, h), inlined
-                block_hash[b] = h
-                if insert(h, b) != b:
-                    self.add_holder(h, b)
-
     def add_holder(self, block_hash: int, block: int) -> None:
         """A second block with a cached hash: vLLM does not de-duplicate (NOTE #1 there)."""
         holders = self.cached[block_hash]

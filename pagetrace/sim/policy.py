@@ -227,16 +227,19 @@ class VllmPrefixCaching:
 
     def decode_cache(self, reqs: list[SimRequest], hashes: list[int]) -> None:
         """Cache the blocks of `decode_hashes` (`_cache_blocks` for one block each)."""
-        done, tables = self.num_cached_block, self.req_to_blocks
-        blocks = []
-        for req in reqs:
+        pool, done, tables = self.pool, self.num_cached_block, self.req_to_blocks
+        block_hash, insert = pool.block_hash, pool.cached.setdefault
+        for req, h in zip(reqs, hashes):
             rid = req.request_id
             i = done[rid]
-            blocks.append(tables[rid][i])
+            b = tables[rid][i]
+            if block_hash[b] is None:  # pool.cache_block(b, h), inlined
+                block_hash[b] = h
+                if insert(h, b) != b:
+                    pool.add_holder(h, b)
             done[rid] = i + 1
             if req.cache_salt is not None:
                 self.ever_cached_content.add(req.content_hashes[i])
-        self.pool.cache_blocks(blocks, hashes)
         self.ever_cached.update(hashes)
 
     def _cache_blocks(self, req: SimRequest, blocks: list[int], num_tokens: int) -> None:
@@ -248,8 +251,14 @@ class VllmPrefixCaching:
             return
         if len(req.block_hashes) < full:  # (the prompt's were hashed by the lookup)
             req.update_hashes(self.block_size)
+        pool = self.pool
+        block_hash, insert = pool.block_hash, pool.cached.setdefault
         new_hashes = req.block_hashes[done:full]
-        self.pool.cache_blocks(blocks[done:full], new_hashes)
+        for h, b in zip(new_hashes, blocks[done:full]):
+            if block_hash[b] is None:  # pool.cache_block(b, h), inlined
+                block_hash[b] = h
+                if insert(h, b) != b:
+                    pool.add_holder(h, b)
         self.ever_cached.update(new_hashes)
         if req.cache_salt is not None:
             self.ever_cached_content.update(req.content_hashes[done:full])
