@@ -7,10 +7,10 @@ import pytest
 from pagetrace.errors import UsageError
 from pagetrace.sim.blockpool import FreeBlockQueue
 from pagetrace.sim.policy import VllmPrefixCaching
-from pagetrace.sim.request import SimRequest
+from pagetrace.sim.request import SimRequest, block_key
 from pagetrace.sim.run import simulate
 from pagetrace.sim.scheduler import SchedulerConfig
-from pagetrace.sim.workload import SyntheticSpec, parse_trace, synthetic
+from pagetrace.sim.workload import SyntheticSpec, SyntheticTokens, parse_trace, synthetic
 
 
 def doc_walkthrough(uncached_first: bool):
@@ -110,6 +110,23 @@ def test_cache_salt_separates():
     reqs = [SimRequest("a", p, [1]), SimRequest("b", p, [2], arrival=3, cache_salt="x"), SimRequest("c", p, [3], arrival=6)]
     simulate(reqs, 64, 16)
     assert [r.num_cached_tokens for r in reqs] == [0, 0, 96]
+
+
+def test_same_tokens_hit_whatever_holds_them():
+    """A block's hash key is a range for consecutive ids and a tuple otherwise (block_key):
+    the same ids must hit whether a list, a range or SyntheticTokens holds them, in the
+    prompt or in the output, and non-consecutive ids must not collide with a run."""
+    ids = list(range(5000, 5064))
+    a = SimRequest("a", ids[:40], ids[40:])  # a list prompt, a list output: 4 blocks cached at the end
+    b = SimRequest("b", SyntheticTokens(0, 5000, 64), [1], arrival=100)  # one run of ids
+    c = SimRequest("c", list(range(5000, 5032)) + [7] * 32, [1], arrival=200)  # 2 blocks, then other ids
+    d = SimRequest("d", ids[:20], range(5020, 5050), arrival=300)  # a range output fills blocks 2-3 again
+    e = SimRequest("e", SyntheticTokens(16, 5000, 64), [1], arrival=400)  # ids 1..16, then 5000...
+    f = SimRequest("f", list(range(1, 17)) + ids[:32] + [2], [1], arrival=500)
+    simulate([a, b, c, d, e, f], 64, 16)
+    assert [r.num_cached_tokens for r in (a, b, c, d, e, f)] == [0, 48, 32, 16, 0, 48]
+    assert block_key((3, 4, 5)) == range(3, 6) and type(block_key((3, 5, 4))) is tuple
+    assert block_key(range(0, 6, 2)) == (0, 2, 4) and type(block_key(range(0, 6, 2))) is tuple
 
 
 def test_preemption_recomputes_last_running():
