@@ -14,7 +14,7 @@ from ..errors import UsageError
 from .request import SimRequest
 
 UNIQUE_STRIDE = 1 << 24  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
-MAX_REQUESTS = 100_000  # requests after n-fold expansion: 100,000 take about 12 s (bench/README.md); a typo of 10**9 is refused at once
+MAX_REQUESTS = 100_000  # requests after n-fold expansion: 100,000 take 9.4-13 s (bench/README.md); a typo of 10**9 is refused at once
 
 
 class SyntheticTokens:
