@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ..blocks import cdiv
 from .blockpool import BlockPool
-from .request import SimRequest, block_key, hash_block
+from .request import SimRequest
 
 
 class KVCachePolicy(Protocol):
@@ -201,7 +201,8 @@ class VllmPrefixCaching:
                     h = hash((hashes[-1], tokens, None))  # hash_block(parent, block_key(tokens), None), inlined
                     hashes.append(h)
                 else:
-                    h = self._hash_next(req, i)
+                    req.update_hashes(bs, i + 1)
+                    h = hashes[i]
             elif n > i:  # hashed before (by a lookup, or before a preemption)
                 h = hashes[i]
             else:
@@ -210,20 +211,6 @@ class VllmPrefixCaching:
                 return None
             append(h)
         return out
-
-    def _hash_next(self, req: SimRequest, i: int) -> int:
-        """Hash block i of the request, the next of its chain (`update_hashes` for one block)."""
-        bs = self.block_size
-        tokens = block_key(req.token_run(i * bs, (i + 1) * bs))
-        parent = req.block_hashes[-1] if i else None
-        if req.cache_salt is None:
-            h = hash_block(parent, tokens, None)
-        else:  # the salt is the first block's extra key (update_hashes)
-            h = hash_block(parent, tokens, (("cache_salt", req.cache_salt),) if i == 0 else None)
-            content = req.content_hashes
-            content.append(hash_block(content[-1] if i else None, tokens, None))
-        req.block_hashes.append(h)
-        return h
 
     def decode_cache(self, reqs: list[SimRequest], hashes: list[int]) -> None:
         """Cache the blocks of `decode_hashes` (`_cache_blocks` for one block each)."""

@@ -91,9 +91,10 @@ class SimRequest:
             return _run(self.output, start - p, stop - p)
         return self.token_slice(start, stop)
 
-    def update_hashes(self, block_size: int) -> None:
+    def update_hashes(self, block_size: int, full: int | None = None) -> None:
         """Hash every full block of the tokens known so far (the request's block hasher,
-        kv_cache_utils.py `get_request_block_hasher`: full blocks only, chained).
+        kv_cache_utils.py `get_request_block_hasher`: full blocks only, chained), or the
+        first `full` blocks (a cruising request runs ahead of `num_generated`).
 
         The cache salt is an extra key of the first block only (`generate_block_hash_extra_keys`:
         `start_token_idx == 0 and request.cache_salt`), so it reaches every later block
@@ -101,7 +102,8 @@ class SimRequest:
         """
         hashes = self.block_hashes
         i = len(hashes)
-        full = (self.prompt_len + self.num_generated) // block_size
+        if full is None:
+            full = (self.prompt_len + self.num_generated) // block_size
         if i >= full:
             return
         parent = hashes[-1] if i else None
