@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 from pagetrace.engines.bundle import BundleWriter  # noqa: E402
-from pagetrace.engines.views import ENGINE_LAYOUTS  # noqa: E402
+from pagetrace.engines.views import geometry  # noqa: E402
 
 BS, H, D, HEADS = 16, 2, 64, 4
 
@@ -38,11 +38,11 @@ def build(path: Path, requests: int, tokens: int, prefill: int) -> Path:
     num_blocks = 1 + requests * per + -(-prefill // BS)
     perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()  # block 0: the null block
     tables = [perm[r * per : (r + 1) * per] for r in range(requests)]
-    lay = ENGINE_LAYOUTS["vllm-cpu"]
+    layout = "vllm-cpu"
     writer = BundleWriter(path, {
         "engine": {"name": "synthetic", "version": "0"},
         "model": {"num_layers": 1, "num_heads": HEADS, "num_kv_heads": H, "head_dim": D},
-        "kv_cache": {"dtype": "bf16", "layout": lay.name, "block_size": BS, "num_blocks": num_blocks, "null_block": 0,
+        "kv_cache": {"dtype": "bf16", "layout": layout, "block_size": BS, "num_blocks": num_blocks, "null_block": 0,
                      "table_padding": 0, "slot_padding": -1, "sharing": "full-blocks"},
         "attention": {"scale": D**-0.5, "causal": True, "sliding_window": None},
         "layers": [{"index": 0, "name": "layers.0.attn"}],
@@ -58,12 +58,12 @@ def build(path: Path, requests: int, tokens: int, prefill: int) -> Path:
             slots.append(rows[r][p // BS] * BS + p % BS)
         blocks = sorted({b for row in rows for b in row})
         width = max(len(row) for row in rows)
-        raw = torch.randn(len(blocks), *lay.raw_shape(1, BS, H, D)[1:], generator=gen).to(torch.bfloat16)
-        key, value = lay.views(len(blocks), BS, H, D, 2)
+        geom = geometry(layout, len(blocks), BS, H, D, "bf16")
+        raw = torch.randn(*geom.raw_shape(), generator=gen).to(torch.bfloat16)
         flat, compact = raw.reshape(-1), {b: i for i, b in enumerate(blocks)}
-        def read(view, s):  # the new K/V: what is at each slot, so the data check passes
+        def read(which, s):  # the new K/V: what is at each slot, so the data check passes
             b, o = compact[s // BS], s % BS
-            return torch.stack([torch.stack([flat[view.element(b, o, h, d)] for d in range(D)]) for h in range(H)])
+            return torch.stack([torch.stack([flat[geom.element(which, b, o, h, d)] for d in range(D)]) for h in range(H)])
         t = len(slots)
         writer.add_step(number, [str(r) for r in range(len(rows))], [0], {
             "query_start_loc": torch.tensor(qsl, dtype=torch.int32), "seq_lens": torch.tensor(lens, dtype=torch.int32),
@@ -72,7 +72,7 @@ def build(path: Path, requests: int, tokens: int, prefill: int) -> Path:
             "slot_mapping": torch.tensor(slots, dtype=torch.int64), "positions": torch.tensor(positions, dtype=torch.int64),
             "blocks": torch.tensor(blocks, dtype=torch.int64), "layer0.kv": raw,
             "layer0.query": torch.randn(t, HEADS, D, generator=gen).to(torch.bfloat16),
-            "layer0.new_key": torch.stack([read(key, s) for s in slots]), "layer0.new_value": torch.stack([read(value, s) for s in slots]),
+            "layer0.new_key": torch.stack([read("key", s) for s in slots]), "layer0.new_value": torch.stack([read("value", s) for s in slots]),
         })
 
     step(0, tables, [tokens] * requests, [1] * requests)

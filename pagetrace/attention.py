@@ -153,7 +153,7 @@ def plan_kernel(
         starts = [0]
         for q in query_lens:
             starts.append(starts[-1] + q)
-        block_size = dict(zip(get_layout(layout).key_axes, key_cache.shape))["slot"]
+        block_size = dict(zip(get_layout(layout).key, key_cache.shape))["slot"]
         batch = Batch([max_seq_len], query_lens, torch.tensor(starts, dtype=torch.int32).to(query.device), num_kv_heads, block_size,
                       alibi_slopes, k_scale, v_scale)
     head_dim = query.shape[-1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UsageError
-from .layouts import get_layout
+from .layouts import KERNEL_LAYOUTS, get_layout
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # vLLM's "fp8" / "fp8_e4m3" and "fp8_e5m2" caches
@@ -51,6 +51,8 @@ def check_inputs(
     query_start_loc=None, sliding_window=None, soft_cap=None, alibi_slopes=None, k_scale=None, v_scale=None, out=None,
 ) -> Batch:
     lay = get_layout(layout, option="layout")
+    if not lay.kernel_ready:
+        raise UsageError("layout", layout, f"is not a key and a value tensor with one stride per axis; view it with pagetrace.engines.views.as_tensors and pass layout='nhd' (the kernel takes {', '.join(KERNEL_LAYOUTS)})")
     if query.dim() != 3 or 0 in query.shape[1:]:
         raise UsageError("query", tuple(query.shape), "must be [num_query_tokens, num_heads, head_dim], heads and head_dim at least 1")
     num_tokens, num_heads, head_dim = query.shape
@@ -71,12 +73,12 @@ def check_inputs(
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise UsageError("query", str(query.device), f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    for name, cache, axes in (("key_cache", key_cache, lay.key_axes), ("value_cache", value_cache, lay.value_axes)):
+    for name, cache, axes in (("key_cache", key_cache, lay.key), ("value_cache", value_cache, lay.value)):
         if cache.dim() != len(axes):
             raise UsageError(name, tuple(cache.shape), f"the '{layout}' layout has axes {axes}")
-    key = dict(zip(lay.key_axes, key_cache.shape))
-    value = dict(zip(lay.value_axes, value_cache.shape))
-    key_dim = key["dim"] if "dim" in key else key["dim_hi"] * key["dim_lo"]
+    key = dict(zip(lay.key, key_cache.shape))
+    value = dict(zip(lay.value, value_cache.shape))
+    key_dim = key["dim"] if "dim" in key else key["dim/x"] * key["dim%x"]
     for axis in ("block", "slot", "head"):
         if key.get(axis, 1) != value.get(axis, 1):
             raise UsageError("value_cache", tuple(value_cache.shape), f"its {axis} axis differs from the key cache's {tuple(key_cache.shape)}")

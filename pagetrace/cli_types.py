@@ -117,6 +117,6 @@ def dtype_choice() -> AliasChoice:
 
 
 def layout_choice(kernel_only: bool = False) -> AliasChoice:
-    from .layouts import KERNEL_LAYOUTS, LAYOUTS
+    from .layouts import KERNEL_LAYOUTS, LAYOUTS, OLD_NAMES
 
-    return AliasChoice(KERNEL_LAYOUTS if kernel_only else LAYOUTS)
+    return AliasChoice(KERNEL_LAYOUTS, {}) if kernel_only else AliasChoice(LAYOUTS, OLD_NAMES)

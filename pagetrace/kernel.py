@@ -284,10 +284,10 @@ def _pow2(n: int, at_least: int = 1) -> int:
 def cache_geometry(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str) -> tuple[int, int, int]:
     """(block_size, num_kv_heads, x) read from the key cache's shape under `layout`."""
     lay = get_layout(layout)
-    shape = dict(zip(lay.key_axes, key_cache.shape))
-    assert key_cache.dim() == len(lay.key_axes), f"key cache has {key_cache.dim()} dims; '{layout}' needs {lay.key_axes}"
-    assert value_cache.dim() == len(lay.value_axes), f"value cache has {value_cache.dim()} dims; '{layout}' needs {lay.value_axes}"
-    return shape["slot"], shape.get("head", 1), shape.get("dim_lo", 1)
+    shape = dict(zip(lay.key, key_cache.shape))
+    assert key_cache.dim() == len(lay.key), f"key cache has {key_cache.dim()} dims; '{layout}' needs {lay.key}"
+    assert value_cache.dim() == len(lay.value), f"value cache has {value_cache.dim()} dims; '{layout}' needs {lay.value}"
+    return shape["slot"], shape.get("head", 1), shape.get("dim%x", 1)
 
 
 def query_tiles(query_lens: list[int], block_q: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,28 +1,37 @@
-"""KV-cache layouts and the exact address of a token's key and value vectors.
+"""KV-cache layouts: where element (block, slot, head, dim) of K or V lies in memory.
 
-A layout names the axes of the key cache and of the value cache, outermost first.
-Axis names:
+One table, `LAYOUTS`, serves every command and every engine adapter. A layout lists,
+for the key and for the value, the *factors* of its buffer in memory order, outermost
+first; the buffer is row-major over the factors' sizes. A factor is a logical axis or
+a part of one:
 
-    block   physical block number            (size num_blocks)
-    slot    offset inside the block          (size block_size)
-    head    KV head                          (size num_kv_heads)
-    dim     element of the head vector       (size head_dim)
-    dim_hi  dim // x, for vLLM's split key   (size head_dim // x)
-    dim_lo  dim %  x                         (size x = 16 bytes / element size)
-    kv      0 for the key, 1 for the value   (size 2: K and V in one tensor)
+    block  physical block number           slot  offset inside the block
+    head   KV head                         dim   element of the head vector
+    kv     0 for K, 1 for V (K and V share one buffer)
 
-The axes are listed in memory order. A layout whose engine presents the tensor in
-another axis order (vLLM's HND stride order) also names those `view_axes`: the shape
-and strides shown are then the view's, non-row-major, and the offsets are the same.
+    "slot"      the whole axis
+    "slot%16"   slot % 16, the inner part (16 values)
+    "slot/16"   slot // 16, the outer part (the rest)
+    "dim/x%y"   (dim // x) % y, a middle part, when an axis is split three ways
 
-From the axes come the shape, the row-major strides and so the element and byte
-offset of any (block, slot, head, dim) from the cache's base. The kernel's launcher
-uses the same axes to read the strides of real tensors, so one kernel serves every
-layout. Plain Python: no torch here.
+A size is a number or a symbol of the element size: x = 16 bytes / element (vLLM's
+split key), p = 4 bytes / element (the dword pairs of vLLM's CPU amx pages). vLLM's
+split key [N, H, D/x, bs, x] is ("block", "head", "dim/x", "slot", "dim%x"); the CPU
+backend's amx key is ("block", "head", "kv", "slot/16", "dim/p", "slot%16", "dim%p").
+
+This is CuTe's hierarchical Shape:Stride in a few dataclasses: `CacheGeometry.formula`
+prints each logical axis as `shape:stride`, a split axis as tuples (the amx key at
+bs 32, D 64, bf16: `slot:(2,16):(1024,2)  dim:(32,2):(32,1)`). A layout is affine
+(one stride per logical axis) unless an axis other than the key's dim is split; the
+kernel reads affine layouts through strides, and a tiled one through a copy.
+
+Plain Python: no torch here. `CacheGeometry.element` takes ints or integer arrays
+(NumPy, torch) alike, so the probe and the views compute every offset with it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
@@ -32,101 +41,135 @@ from .errors import UsageError
 # bytes per element of each cache dtype (the one list is pagetrace.dtypes)
 DTYPE_SIZES: dict[str, int] = ELEMENT_SIZES
 
-VLLM_KEY_CHUNK_BYTES = 16  # vLLM's key cache packs 16 bytes of a key vector together
+AXES = ("block", "slot", "head", "dim")  # the coordinates of one element of K or V
+VLLM_KEY_CHUNK_BYTES = 16  # x: vLLM's split key packs 16 bytes of a key vector together
+AMX_PAIR_BYTES = 4  # p: vLLM's amx pages pack 4 bytes (a dword) of consecutive elements
+
+_FACTOR = re.compile(r"^(block|slot|head|dim|kv)(?:/(\w+))?(?:%(\w+))?$")
+_OPTIONS = {"block": "--num-blocks", "slot": "--block-size", "head": "--kv-heads", "dim": "--head-dim"}
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
     name: str
     summary: str
-    key_axes: tuple[str, ...]
-    value_axes: tuple[str, ...]
-    single_head: bool = False  # the layout has no head axis
-    view_axes: tuple[str, ...] | None = None  # the axis order the engine's tensor shows, when not memory order
+    source: str  # where the engine defines it
+    key: tuple[str, ...]  # the key buffer's factors, memory order, outermost first
+    value: tuple[str, ...]
+    raw: tuple[str, ...] | None = None  # the engine's own shape of the buffer, when not the factors'
+    view: tuple[str, ...] | None = None  # the axis order the engine's tensor shows, when not memory order
 
     @property
     def combined(self) -> bool:
-        """K and V in one tensor, told apart by the `kv` axis."""
-        return "kv" in self.key_axes
+        """K and V in one buffer, told apart by the `kv` factor."""
+        return "kv" in self.key
+
+    @property
+    def single_head(self) -> bool:
+        return "head" not in self.key
+
+    def factors(self, which: str) -> tuple[str, ...]:
+        return self.key if which == "key" else self.value
+
+    def buffer(self, which: str) -> str:
+        """The buffer K or V lives in: "kv" (one for both), "key" or "value"."""
+        return "kv" if self.combined else which
 
     def shown_axes(self, which: str) -> tuple[str, ...]:
-        return self.view_axes or (self.key_axes if which == "key" else self.value_axes)
+        return self.view or self.factors(which)
+
+    @property
+    def tiled(self) -> bool:
+        """Some axis other than the key's dim is split: no strided view reads it."""
+        for which in ("key", "value"):
+            for axis in AXES:
+                parts = [f for f in self.factors(which) if _FACTOR.match(f).group(1) == axis]
+                if len(parts) > 1 and (which == "value" or axis != "dim" or len(parts) > 2):
+                    return True
+        return False
+
+    @property
+    def kernel_ready(self) -> bool:
+        """`paged_attention` takes it as two cache tensors with these factors as axes."""
+        return not self.combined and not self.tiled
 
 
-# The combined K/V layouts of vLLM V1 (v0.9-v0.11 source):
+# The layouts of vLLM V1 before the layout RFC (v0.9-v0.11 source):
 #   vllm/v1/attention/backends/flash_attn.py  FlashAttentionBackend.get_kv_cache_shape
 #       -> (2, num_blocks, block_size, num_kv_heads, head_size)
 #   vllm/v1/attention/backends/flashinfer.py and triton_attn.py  get_kv_cache_shape
 #       -> (num_blocks, 2, block_size, num_kv_heads, head_size)
-#   get_kv_cache_stride_order() -> (0, 1, 2, 3, 4) for NHD, (0, 1, 3, 2, 4) for HND
-#       (VLLM_KV_CACHE_LAYOUT=HND), and the model runner (gpu_model_runner.py,
-#       _reshape_kv_cache_tensors) allocates the shape permuted by the stride order
-#       contiguously, then permutes it back: memory order is the permuted shape.
-# vLLM 0.32 (installed in /work/vllmenv) has moved on to KVCacheLayout
-# (vllm/v1/kv_cache_layout.py, RFC #42082); these are the layouts of the releases above.
-_FA_VIEW = ("kv", "block", "slot", "head", "dim")
-_FI_VIEW = ("block", "kv", "slot", "head", "dim")
-
+#   get_kv_cache_stride_order() -> (0, 1, 2, 3, 4) for NHD, (0, 1, 3, 2, 4) for HND; the model
+#       runner (gpu_model_runner.py, _reshape_kv_cache_tensors) allocates the shape permuted by
+#       the stride order contiguously, then permutes it back: memory order is the permuted shape.
+# vLLM 0.32 (vllm/v1/kv_cache_layout.py, RFC #42082): logical [B, H, N, 2D], K|V packed in the
+# last axis; LBHNC keeps that order in memory, LBNHC stores [B, N, H, 2D]. FlashAttention splits
+# it with `kv_cache.transpose(1, 2).split(head_size, dim=-1)` (v1/attention/backends/flash_attn.py).
+# vLLM 0.32's CPU backend (v1/attention/backends/cpu_attn.py, forward and do_kv_cache_update):
+# [N, H, bs, 2D] re-viewed as [N, H, 2bs, D] and chunked: each (block, head) page is bs*D keys,
+# then bs*D values. Where inside a half each element goes is the writer's choice, by ISA
+# (`_get_attn_isa`; the op `cpu_attn_reshape_and_cache`, csrc/cpu/cpu_attn_*.hpp):
+#   vec, vec16: K column-major (dim, slot), V row-major (slot, dim);
+#   amx: K in 16-slot groups of dword pairs, V in 16-dim groups of slot pairs, read back from the
+#   op itself by `pagetrace layouts --probe` and at every capture (engines/probe.py).
+_FA = ("kv", "block", "slot", "head", "dim")
+_FI = ("block", "kv", "slot", "head", "dim")
 
 LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (
-        Layout(
-            "blocks",
-            "[num_blocks, block_size, head_dim], one KV head (the worked example)",
-            ("block", "slot", "dim"),
-            ("block", "slot", "dim"),
-            single_head=True,
-        ),
-        Layout(
-            "nhd",
-            "[num_blocks, block_size, num_kv_heads, head_dim] (FlashAttention, vLLM V1, FlashInfer NHD)",
-            ("block", "slot", "head", "dim"),
-            ("block", "slot", "head", "dim"),
-        ),
-        Layout(
-            "hnd",
-            "[num_blocks, num_kv_heads, block_size, head_dim] (FlashInfer HND)",
-            ("block", "head", "slot", "dim"),
-            ("block", "head", "slot", "dim"),
-        ),
-        Layout(
-            "vllm",
-            "key [num_blocks, num_kv_heads, head_dim // x, block_size, x], value [num_blocks, num_kv_heads, head_dim, block_size] (vLLM paged_attention v1/v2)",
-            ("block", "head", "dim_hi", "slot", "dim_lo"),
-            ("block", "head", "dim", "slot"),
-        ),
-        Layout(
-            "flash",
-            "[2, num_blocks, block_size, num_kv_heads, head_dim], K and V in one tensor (vLLM V1 FlashAttention, NHD)",
-            _FA_VIEW,
-            _FA_VIEW,
-        ),
-        Layout(
-            "flash-hnd",
-            "[2, num_blocks, block_size, num_kv_heads, head_dim] viewed, memory [2, num_blocks, num_kv_heads, block_size, head_dim] (vLLM V1 FlashAttention, HND stride order)",
-            ("kv", "block", "head", "slot", "dim"),
-            ("kv", "block", "head", "slot", "dim"),
-            view_axes=_FA_VIEW,
-        ),
-        Layout(
-            "flashinfer",
-            "[num_blocks, 2, block_size, num_kv_heads, head_dim], K and V in one tensor (vLLM V1 FlashInfer and Triton, NHD)",
-            _FI_VIEW,
-            _FI_VIEW,
-        ),
-        Layout(
-            "flashinfer-hnd",
-            "[num_blocks, 2, block_size, num_kv_heads, head_dim] viewed, memory [num_blocks, 2, num_kv_heads, block_size, head_dim] (vLLM V1 FlashInfer, HND stride order)",
-            ("block", "kv", "head", "slot", "dim"),
-            ("block", "kv", "head", "slot", "dim"),
-            view_axes=_FI_VIEW,
-        ),
+        Layout("blocks", "[num_blocks, block_size, head_dim], one KV head (the worked example)", "the worked example",
+               ("block", "slot", "dim"), ("block", "slot", "dim")),
+        Layout("nhd", "[num_blocks, block_size, num_kv_heads, head_dim], a key and a value tensor",
+               "FlashAttention flash_attn_with_kvcache; FlashInfer (k, v) NHD; SGLang k_buffer/v_buffer paged",
+               ("block", "slot", "head", "dim"), ("block", "slot", "head", "dim")),
+        Layout("hnd", "[num_blocks, num_kv_heads, block_size, head_dim], a key and a value tensor", "FlashInfer (k, v) HND",
+               ("block", "head", "slot", "dim"), ("block", "head", "slot", "dim")),
+        Layout("vllm", "key [num_blocks, num_kv_heads, head_dim/x, block_size, x], value [num_blocks, num_kv_heads, head_dim, block_size]",
+               "vLLM csrc/attention paged_attention_v1/v2",
+               ("block", "head", "dim/x", "slot", "dim%x"), ("block", "head", "dim", "slot")),
+        Layout("flash", "[2, num_blocks, block_size, num_kv_heads, head_dim], K and V in one tensor",
+               "vLLM V1 FlashAttention (NHD), before 0.32", _FA, _FA),
+        Layout("flash-hnd", "[2, num_blocks, block_size, num_kv_heads, head_dim] viewed, memory [2, num_blocks, num_kv_heads, block_size, head_dim]",
+               "vLLM V1 FlashAttention (HND stride order), before 0.32",
+               ("kv", "block", "head", "slot", "dim"), ("kv", "block", "head", "slot", "dim"), view=_FA),
+        Layout("flashinfer", "[num_blocks, 2, block_size, num_kv_heads, head_dim], K and V in one tensor",
+               "FlashInfer paged_kv_cache NHD; vLLM V1 FlashInfer and Triton, before 0.32", _FI, _FI),
+        Layout("flashinfer-hnd", "[num_blocks, 2, num_kv_heads, block_size, head_dim], K and V in one tensor",
+               "FlashInfer paged_kv_cache HND; vLLM V1 FlashInfer (HND stride order), before 0.32",
+               ("block", "kv", "head", "slot", "dim"), ("block", "kv", "head", "slot", "dim"), view=_FI),
+        Layout("vllm-hnd", "[num_blocks, num_kv_heads, block_size, 2*head_dim], K then V in the last axis",
+               "vLLM 0.32 KVCacheLayout.LBHNC (v1/kv_cache_layout.py)",
+               ("block", "head", "slot", "kv", "dim"), ("block", "head", "slot", "kv", "dim"), raw=("N", "H", "bs", "2D")),
+        Layout("vllm-nhd", "[num_blocks, block_size, num_kv_heads, 2*head_dim] in memory, K then V in the last axis",
+               "vLLM 0.32 KVCacheLayout.LBNHC (v1/kv_cache_layout.py)",
+               ("block", "slot", "head", "kv", "dim"), ("block", "slot", "head", "kv", "dim"), raw=("N", "bs", "H", "2D")),
+        Layout("vllm-cpu", "[num_blocks, num_kv_heads, block_size, 2*head_dim]: per (block, head) K column-major, then V row-major",
+               "vLLM 0.32 CPU backend, isa vec and vec16 (v1/attention/backends/cpu_attn.py)",
+               ("block", "head", "kv", "dim", "slot"), ("block", "head", "kv", "slot", "dim"), raw=("N", "H", "bs", "2D")),
+        Layout("vllm-cpu-amx", "[num_blocks, num_kv_heads, block_size, 2*head_dim]: per (block, head) K in 16-slot tiles of dword pairs, V in 16-dim tiles of slot pairs",
+               "vLLM 0.32 CPU backend, isa amx (cpu_attn_reshape_and_cache, csrc/cpu/cpu_attn_amx.hpp)",
+               ("block", "head", "kv", "slot/16", "dim/p", "slot%16", "dim%p"),
+               ("block", "head", "kv", "dim/16", "slot/p", "dim%16", "slot%p"), raw=("N", "H", "bs", "2D")),
     )
 }
 
-# the layouts the kernel and the reference run on: one tensor per cache
-KERNEL_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if not layout.combined)
+# names that bundles written by earlier pagetrace releases carry in kv_cache.layout
+OLD_NAMES = {"flash-attn": "flash", "flashinfer-nhd": "flashinfer"}
+
+# the layouts `paged_attention` takes directly: a key and a value tensor, one stride per axis
+KERNEL_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.kernel_ready)
+
+
+@dataclass(frozen=True, slots=True)
+class Factor:
+    """One factor of a buffer: coordinate (axis // div) % size, at `stride` elements."""
+
+    name: str
+    axis: str
+    div: int
+    size: int
+    stride: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,27 +189,43 @@ class CacheGeometry:
 
     @property
     def x(self) -> int:
-        """Elements per packed key chunk: 16 bytes for the vllm layout, else 1 (no split)."""
-        if "dim_lo" in self.layout.key_axes:
-            return VLLM_KEY_CHUNK_BYTES // self.element_size
-        return 1
+        """Elements per packed key chunk (vLLM's split key: the key's dim%x factor), else 1."""
+        inner = [f.size for f in self.factors("key") if f.name == "dim%x"]
+        return inner[0] if inner else 1
+
+    def _number(self, token: str) -> int:
+        if token == "x":
+            return max(1, VLLM_KEY_CHUNK_BYTES // self.element_size)
+        if token == "p":
+            return max(1, AMX_PAIR_BYTES // self.element_size)
+        return int(token)
 
     def axis_size(self, axis: str) -> int:
-        return {
-            "block": self.num_blocks,
-            "slot": self.block_size,
-            "head": self.num_kv_heads,
-            "dim": self.head_dim,
-            "dim_hi": self.head_dim // self.x,
-            "dim_lo": self.x,
-            "kv": 2,
-        }[axis]
+        return {"block": self.num_blocks, "slot": self.block_size, "head": self.num_kv_heads, "dim": self.head_dim, "kv": 2}[axis]
 
-    def shape(self, which: str) -> tuple[int, ...]:
-        return tuple(self.axis_size(axis) for axis in self.axes(which))
+    def factors(self, which: str) -> tuple[Factor, ...]:
+        """The buffer's factors with their sizes and row-major strides (`check_factors` has
+        made sure each axis's factors tile it exactly)."""
+        parsed = []
+        for spec in self.layout.factors(which):
+            axis, div, size = _FACTOR.match(spec).groups()
+            d = self._number(div) if div else 1
+            n = self._number(size) if size else self.axis_size(axis) // d
+            parsed.append((spec, axis, d, n))
+        out, stride = [], 1
+        for spec, axis, d, n in reversed(parsed):
+            out.append(Factor(spec, axis, d, n, stride))
+            stride *= n
+        return tuple(reversed(out))
 
     def axes(self, which: str) -> tuple[str, ...]:
-        return self.layout.key_axes if which == "key" else self.layout.value_axes
+        return self.layout.factors(which)
+
+    def shape(self, which: str) -> tuple[int, ...]:
+        return tuple(f.size for f in self.factors(which))
+
+    def strides(self, which: str) -> tuple[int, ...]:
+        return tuple(f.stride for f in self.factors(which))
 
     def numel(self, which: str) -> int:
         n = 1
@@ -174,12 +233,104 @@ class CacheGeometry:
             n *= size
         return n
 
+    def raw_shape(self, which: str = "key") -> tuple[int, ...]:
+        """The buffer's shape in the engine's own words (what a bundle stores)."""
+        if self.layout.raw is None:
+            return self.shape(which)
+        sizes = {"N": self.num_blocks, "H": self.num_kv_heads, "bs": self.block_size, "2D": 2 * self.head_dim, "D": self.head_dim}
+        return tuple(sizes[t] for t in self.layout.raw)
+
+    @property
+    def block_axis(self) -> int:
+        """The raw buffer's axis that numbers blocks."""
+        return self.layout.raw.index("N") if self.layout.raw else self.layout.key.index("block")
+
+    def index(self, which: str, block, slot, head, dim) -> tuple:
+        """Each factor's coordinate of element `dim` of (block, slot, head)'s key or value."""
+        coords = {"block": block, "slot": slot, "head": head, "dim": dim, "kv": 0 if which == "key" else 1}
+        return tuple((coords[f.axis] // f.div) % f.size for f in self.factors(which))
+
+    def element(self, which: str, block, slot, head, dim):
+        """Elements from the buffer's first element to this one (ints or integer arrays)."""
+        coords = {"block": block, "slot": slot, "head": head, "dim": dim, "kv": 0 if which == "key" else 1}
+        total = 0
+        for f in self.factors(which):
+            total = total + (coords[f.axis] // f.div) % f.size * f.stride
+        return total
+
+    def coordinates(self, element: int, cache: str | None = None) -> tuple[str, dict[str, int], tuple[int, ...]]:
+        """The inverse of `element`: (which, {block, slot, head, dim}, factor index) of one
+        element of the buffer. A combined buffer's `kv` factor says which; the factors before it
+        are the same for K and V (a test holds every layout to that)."""
+        which = cache or "key"
+        for _ in range(2):
+            index, rest = [], element
+            for f in self.factors(which):
+                digit, rest = divmod(rest, f.stride)
+                index.append(digit)
+            kv = dict(zip(self.axes(which), index)).get("kv")
+            if kv is None or ("key", "value")[kv] == which:
+                break
+            which = ("key", "value")[kv]
+        coords = dict.fromkeys(AXES, 0)
+        for f, digit in zip(self.factors(which), index):
+            if f.axis != "kv":
+                coords[f.axis] += digit * f.div
+        return which, coords, tuple(index)
+
+    def affine(self, which: str) -> tuple[tuple[int, int, int, int], int] | None:
+        """((block, slot, head, dim) strides, offset) when one stride per axis reads it, else None."""
+        strides = dict.fromkeys(AXES, 0)
+        offset = 0
+        for f in self.factors(which):
+            if f.axis == "kv":
+                offset = (0 if which == "key" else 1) * f.stride
+            elif f.div == 1 and f.size == self.axis_size(f.axis):
+                strides[f.axis] = f.stride
+            elif f.size > 1:  # a split that matters (a factor of size 1 is always at 0)
+                return None
+        return (strides["block"], strides["slot"], strides["head"], strides["dim"]), offset
+
+    def formula(self, which: str) -> str:
+        """CuTe's notation, one logical axis at a time: `slot:(2,16):(1024,2)`, plus the offset
+        of the kv factor."""
+        parts = []
+        factors = self.factors(which)
+        for axis in AXES:
+            mine = sorted((f for f in factors if f.axis == axis), key=lambda f: -f.div)
+            if not mine:
+                continue
+            if len(mine) == 1:
+                parts.append(f"{axis}:{mine[0].size}:{mine[0].stride}")
+            else:
+                parts.append(f"{axis}:({','.join(str(f.size) for f in mine)}):({','.join(str(f.stride) for f in mine)})")
+        kv = [f for f in factors if f.axis == "kv"]
+        offset = kv[0].stride * (0 if which == "key" else 1) if kv else 0
+        return "  ".join(parts) + f"  + {offset}"
+
 
 def get_layout(name: str, option: str = "--layout") -> Layout:
     try:
-        return LAYOUTS[name]
+        return LAYOUTS[OLD_NAMES.get(name, name)]
     except KeyError:
         raise UsageError(option, name, f"choose one of {', '.join(LAYOUTS)}") from None
+
+
+def check_factors(geom: CacheGeometry) -> None:
+    """A split axis must be a multiple of what its factors split off (amx: slot of 16,
+    dim of p). Errors name the option of the axis. That the factors of each table entry
+    tile their axis exactly is held by tests/test_layouts.py."""
+    for which in ("key", "value"):
+        for spec in geom.layout.factors(which):
+            axis, div, size = _FACTOR.match(spec).groups()
+            if axis == "kv" or not (div or size):
+                continue
+            need = (geom._number(div) if div else 1) * (geom._number(size) if size else 1)
+            if geom.axis_size(axis) % need:
+                raise UsageError(
+                    _OPTIONS[axis], geom.axis_size(axis),
+                    f"the '{geom.layout.name}' layout splits the {which}'s {axis} as {spec} ({need} with {geom.dtype}); use a multiple of {need}",
+                )
 
 
 def make_geometry(
@@ -212,6 +363,7 @@ def make_geometry(
             head_dim,
             f"the vllm key layout splits each key into chunks of x = 16 bytes / {geom.element_size} bytes = {geom.x} elements ({dtype}); head_dim must be a multiple of {geom.x}",
         )
+    check_factors(geom)
     return geom
 
 
@@ -224,26 +376,9 @@ def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def axis_index(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int) -> tuple[int, ...]:
-    """The tensor index of element `dim` of (block, slot, head)'s key or value vector."""
-    coords = {
-        "block": block,
-        "slot": slot,
-        "head": head,
-        "dim": dim,
-        "dim_hi": dim // geom.x,
-        "dim_lo": dim % geom.x,
-        "kv": 0 if which == "key" else 1,
-    }
-    return tuple(coords[axis] for axis in geom.axes(which))
-
-
-def element_offset(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int, strides: tuple[int, ...] | None = None) -> int:
+def element_offset(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int) -> int:
     """Elements from the cache's base to one element of a key or value vector."""
-    if strides is None:
-        strides = row_major_strides(geom.shape(which))
-    index = axis_index(geom, which, block, slot, head, dim)
-    return sum(i * s for i, s in zip(index, strides))
+    return geom.element(which, block, slot, head, dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +392,13 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class VectorAddress:
-    """Where one token's key (or value) vector for one KV head lies in its cache tensor."""
+    """Where one token's key (or value) vector for one KV head lies in its cache buffer."""
 
     which: str  # "key" or "value"
     shape: tuple[int, ...]
-    strides: tuple[int, ...]  # in elements (row-major unless the layout has view_axes)
+    strides: tuple[int, ...]  # in elements (row-major over the factors unless the layout has a view)
     axes: tuple[str, ...]
-    index: tuple[int, ...]  # tensor index of element 0 of the vector
+    index: tuple[int, ...]  # factor index of element 0 of the vector
     element_offset: int  # of element 0
     byte_offset: int  # of element 0
     element_size: int
@@ -283,53 +418,74 @@ class VectorAddress:
 
     @property
     def last_element_offset(self) -> int:
-        last = self.chunks[-1]
-        return last.element_offset + last.elements - 1
+        return max(c.element_offset + c.elements - 1 for c in self.chunks)
 
 
 def shown_order(geom: CacheGeometry, which: str, values: tuple[int, ...]) -> tuple[int, ...]:
-    """Per-axis `values` (in memory order) rearranged into the order the tensor shows."""
+    """Per-factor `values` (in memory order) rearranged into the order the tensor shows."""
     axes = geom.axes(which)
     return tuple(values[axes.index(a)] for a in geom.layout.shown_axes(which))
 
 
-def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head: int) -> VectorAddress:
-    shape = geom.shape(which)
-    strides = row_major_strides(shape)
-    offsets = [element_offset(geom, which, block, slot, head, d, strides) for d in range(geom.head_dim)]
+def chunks_of(offsets: list[int]) -> tuple[Chunk, ...]:
+    """Runs of consecutive dims that lie at consecutive elements."""
     chunks: list[Chunk] = []
     first = 0
-    for d in range(1, geom.head_dim + 1):
-        if d == geom.head_dim or offsets[d] != offsets[d - 1] + 1:
+    for d in range(1, len(offsets) + 1):
+        if d == len(offsets) or offsets[d] != offsets[d - 1] + 1:
             chunks.append(Chunk(first, offsets[first], d - first))
             first = d
+    return tuple(chunks)
+
+
+def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head: int) -> VectorAddress:
+    offsets = [geom.element(which, block, slot, head, d) for d in range(geom.head_dim)]
     return VectorAddress(
         which=which,
-        shape=shown_order(geom, which, shape),
-        strides=shown_order(geom, which, strides),
+        shape=shown_order(geom, which, geom.shape(which)),
+        strides=shown_order(geom, which, geom.strides(which)),
         axes=geom.layout.shown_axes(which),
-        index=shown_order(geom, which, axis_index(geom, which, block, slot, head, 0)),
+        index=shown_order(geom, which, geom.index(which, block, slot, head, 0)),
         element_offset=offsets[0],
         byte_offset=offsets[0] * geom.element_size,
         element_size=geom.element_size,
         # where this block's part of the cache begins: (block, slot 0, head 0, dim 0)
-        block_base=element_offset(geom, which, block, 0, 0, 0, strides),
-        chunks=tuple(chunks),
+        block_base=geom.element(which, block, 0, 0, 0),
+        chunks=chunks_of(offsets),
     )
 
 
 def kernel_strides(layout: Layout, which: str, tensor_strides: tuple[int, ...]) -> dict[str, int]:
     """Map a real tensor's strides onto the axes the kernel addresses.
 
-    Returns strides for block, slot, head, dim_hi and dim_lo. A layout without a head
-    axis gets head stride 0; a layout without the split key gets dim_hi = the dim
-    stride and dim_lo = 0, so ``d // 1 * dim_hi + d % 1 * dim_lo`` is plain ``d * dim``.
+    The tensor's axes are the layout's factors. Returns strides for block, slot, head,
+    dim_hi and dim_lo (the kernel's element d at ``d // x * dim_hi + d % x * dim_lo``): a
+    layout without a head axis gets head stride 0; one whose dim is whole gets dim_hi = its
+    stride and dim_lo = 0, so the sum is plain ``d * dim``.
     """
-    axes = layout.key_axes if which == "key" else layout.value_axes
+    if not layout.kernel_ready:
+        raise ValueError(f"the '{layout.name}' layout is not two strided tensors; read it through pagetrace.engines.views.as_tensors")
+    axes = layout.factors(which)
     if len(axes) != len(tensor_strides):
         raise ValueError(f"{which} cache has {len(tensor_strides)} dims; the '{layout.name}' layout needs {len(axes)} {axes}")
-    by_axis = dict(zip(axes, tensor_strides))
-    if "dim" in by_axis:
-        by_axis["dim_hi"], by_axis["dim_lo"] = by_axis.pop("dim"), 0
-    by_axis.setdefault("head", 0)
-    return {axis: by_axis[axis] for axis in ("block", "slot", "head", "dim_hi", "dim_lo")}
+    out = {"block": 0, "slot": 0, "head": 0, "dim_hi": 0, "dim_lo": 0}
+    for spec, stride in zip(axes, tensor_strides):
+        axis, div, size = _FACTOR.match(spec).groups()
+        if axis == "dim":
+            out["dim_lo" if size and not div else "dim_hi"] = stride
+        else:
+            out[axis] = stride
+    return out
+
+
+def table_markdown() -> str:
+    """The README's layout table, made from `LAYOUTS` (tests/test_layout_model.py holds the
+    README to it; `pagetrace layouts --markdown` prints it)."""
+    lines = [
+        "| layout | key factors (memory order) | value factors | what it is | engine |",
+        "|---|---|---|---|---|",
+    ]
+    for lay in LAYOUTS.values():
+        key, value = (f"`({', '.join(lay.factors(w))})`" for w in ("key", "value"))
+        lines.append(f"| `{lay.name}` | {key} | {value if lay.value != lay.key else 'same'} | {lay.summary} | {lay.source} |")
+    return "\n".join(lines) + "\n"

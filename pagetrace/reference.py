@@ -15,6 +15,7 @@ import torch
 from .layouts import get_layout
 
 CANONICAL = ("block", "slot", "head", "dim")
+SPLIT = ("block", "slot", "head", "dim/x", "dim%x")  # vLLM's split key, its chunks kept apart
 
 
 def canonical_cache(cache: torch.Tensor, layout: str, which: str) -> torch.Tensor:
@@ -26,25 +27,24 @@ def canonical_cache(cache: torch.Tensor, layout: str, which: str) -> torch.Tenso
 def canonical_view(cache: torch.Tensor, layout: str, which: str) -> torch.Tensor:
     """`canonical_cache` without a copy: a key split in runs of x stays ``[..., head_dim // x, x]``."""
     lay = get_layout(layout)
-    axes = list(lay.key_axes if which == "key" else lay.value_axes)
+    axes = list(lay.factors(which))
     if "head" not in axes:
         cache = cache.unsqueeze(-1)
         axes.append("head")
-    names = ("block", "slot", "head", "dim_hi", "dim_lo") if "dim_hi" in axes else CANONICAL
+    names = SPLIT if "dim/x" in axes else CANONICAL
     return cache.permute([axes.index(a) for a in names])
 
 
 def layout_cache(canonical: torch.Tensor, layout: str, which: str, x: int = 1) -> torch.Tensor:
     """The inverse of `canonical_cache`: lay a canonical cache out as `layout`, contiguously."""
     lay = get_layout(layout)
-    axes = lay.key_axes if which == "key" else lay.value_axes
+    axes = lay.factors(which)
     nb, bs, h, d = canonical.shape
     if lay.single_head:
         return canonical[:, :, 0, :].contiguous()
-    if "dim_hi" in axes:
+    if "dim/x" in axes:
         split = canonical.reshape(nb, bs, h, d // x, x)
-        names = ("block", "slot", "head", "dim_hi", "dim_lo")
-        return split.permute([names.index(a) for a in axes]).contiguous()
+        return split.permute([SPLIT.index(a) for a in axes]).contiguous()
     return canonical.permute([CANONICAL.index(a) for a in axes]).contiguous()
 
 
@@ -89,7 +89,7 @@ def gather(cache: torch.Tensor, layout: str, which: str, table, seq_len: int, bl
     block is not (slot, head, dim) inside costs one more copy, of those blocks only.
     """
     lay = get_layout(layout)
-    axes = lay.key_axes if which == "key" else lay.value_axes
+    axes = lay.factors(which)
     used = -(-seq_len // block_size)
     ids = torch.as_tensor(table[:used], dtype=torch.long).to(cache.device)
     canon = canonical_cache(cache.index_select(axes.index("block"), ids), layout, which)

@@ -24,7 +24,8 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
     e = manifest.engine
     head = Text(
         f"{e.get('name')} {e.get('version', '')} step {step.step} layer {layer} · layout {manifest.layout.name} · "
-        f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}"
+        f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}\n"
+        f"cache read: {summary.cache_read}"
     )
     per_request = Table(title="requests", title_justify="left", box=None, pad_edge=False)
     for col in ("request", "new", "seq_len", "block table", "|kernel-contiguous|", "|kernel-engine|", ""):

@@ -3,8 +3,9 @@ key or value, and (given block tables) the sequences and tokens that own it.
 
 `pagetrace where` computes this. A byte is counted from the base of the cache tensor:
 the key cache or the value cache for layouts with one tensor each (`cache` says
-which), the one combined tensor for the flash* and flashinfer* layouts, whose `kv`
-axis then tells key from value. Plain Python: no torch here.
+which), the one combined buffer for the layouts that hold K and V together, whose `kv`
+factor then tells key from value. Tiled layouts (vllm-cpu-amx) decode the same way:
+the factors of the buffer, then each logical axis from its factors. Plain Python: no torch here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .blocks import check_table
 from .errors import UsageError
-from .layouts import CacheGeometry, make_geometry, row_major_strides, shown_order
+from .layouts import CacheGeometry, make_geometry, shown_order
 
 DEFAULT_NUM_BLOCKS = 16  # the worked example's pool, as `lookup --table 7,2,15` has it
 
@@ -98,24 +99,17 @@ def where_slot(geom: CacheGeometry, slot: int, tables: list[list[int]]) -> Place
 
 
 def where_byte(geom: CacheGeometry, byte: int, cache: str | None, tables: list[list[int]]) -> Place:
-    """Decode a byte offset from the base of a cache tensor into its coordinates."""
+    """Decode a byte offset from the base of a cache buffer into its coordinates."""
     if geom.layout.combined and cache is not None:
         raise UsageError("--cache", cache, f"the '{geom.layout.name}' layout holds K and V in one tensor: the byte itself says which")
     which = cache or "key"
-    axes = geom.axes(which)
     shape = geom.shape(which)
     size = geom.numel(which) * geom.element_size
     if not 0 <= byte < size:
         tensor = "the combined K/V tensor" if geom.layout.combined else f"the {which} cache"
         raise UsageError("--byte", byte, f"{tensor} has bytes 0..{size - 1} ({'x'.join(map(str, shape))} elements of {geom.element_size} bytes); raise --num-blocks")
     element, within = divmod(byte, geom.element_size)
-    coords: dict[str, int] = {}
-    rest = element
-    for axis, stride in zip(axes, row_major_strides(shape)):
-        coords[axis], rest = divmod(rest, stride)
-    if geom.layout.combined:
-        which = ("key", "value")[coords["kv"]]
-    dim = coords["dim"] if "dim" in coords else coords["dim_hi"] * geom.x + coords["dim_lo"]
+    which, coords, index = geom.coordinates(element, None if geom.layout.combined else which)
     block, offset = coords["block"], coords["slot"]
     return Place(
         geom,
@@ -127,7 +121,7 @@ def where_byte(geom: CacheGeometry, byte: int, cache: str | None, tables: list[l
         element=element,
         byte_in_element=within,
         which=which,
-        head=coords.get("head", 0),
-        dim=dim,
-        index=shown_order(geom, which, tuple(coords[a] for a in axes)),
+        head=coords["head"],
+        dim=coords["dim"],
+        index=shown_order(geom, which, index),
     )

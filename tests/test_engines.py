@@ -14,20 +14,21 @@ from safetensors.torch import load_file, save_file
 from conftest import KERNEL_BACKEND, assert_usage_error, cli
 from pagetrace.engines import flashinfer, sglang
 from pagetrace.engines.bundle import BundleWriter
-from pagetrace.engines.views import ENGINE_LAYOUTS, as_tensors, check_view, describe
+from pagetrace.engines.views import as_tensors, check_view, describe, expected_view, geometry
+from pagetrace.layouts import LAYOUTS
 from pagetrace.errors import UsageError
 
 NB, BS, H, D = 6, 4, 2, 8
 
 
-def encoded(which: int) -> torch.Tensor:
-    """[NB, BS, H, D] whose every element says where it belongs: which.block slot head dim."""
-    b, s, h, d = torch.meshgrid(torch.arange(NB), torch.arange(BS), torch.arange(H), torch.arange(D), indexing="ij")
-    return (which * 10000 + b * 1000 + s * 100 + h * 10 + d).float()
+def encoded(which: int, bs: int = BS, dims: int = D) -> torch.Tensor:
+    """[NB, bs, H, dims] whose every element says where it belongs: which, then its index."""
+    return (which * 1_000_000 + torch.arange(NB * bs * H * dims).reshape(NB, bs, H, dims)).float()
 
 
 def engine_buffer(name: str, k: torch.Tensor, v: torch.Tensor):
-    """The raw buffer exactly as each engine lays K and V out (written from the engines' code, not views.py)."""
+    """The raw buffer exactly as each engine lays K and V out (written from the engines' code, not the layout table)."""
+    NB, BS, H, D = k.shape  # noqa: N806 - the sizes, as above
     if name == "vllm-cpu":  # per (block, head) page: K column-major (d * bs + s), then V row-major
         kk = k.permute(0, 2, 3, 1).reshape(NB, H, D * BS)
         vv = v.permute(0, 2, 1, 3).reshape(NB, H, BS * D)
@@ -36,9 +37,18 @@ def engine_buffer(name: str, k: torch.Tensor, v: torch.Tensor):
         return torch.cat([k, v], -1).transpose(1, 2).contiguous()
     if name == "vllm-nhd":
         return torch.cat([k, v], -1).contiguous()
-    if name == "flash-attn":
+    if name == "vllm-cpu-amx":  # vLLM's amx pages, from the formula in csrc/cpu/cpu_attn_amx.hpp (fp32: p = 1)
+        page = torch.empty(NB, H, 2 * BS * D)
+        for s_ in range(BS):
+            for d_ in range(D):
+                page[:, :, (s_ // 16) * 16 * D + d_ * 16 + s_ % 16] = k[:, s_, :, d_]
+                page[:, :, BS * D + (d_ // 16) * 16 * BS + s_ * 16 + d_ % 16] = v[:, s_, :, d_]
+        return page.reshape(NB, H, BS, 2 * D)
+    if name == "flash":
         return torch.stack([k, v]).contiguous()
-    if name == "flashinfer-nhd":
+    if name == "flash-hnd":
+        return torch.stack([k.transpose(1, 2), v.transpose(1, 2)]).contiguous()
+    if name == "flashinfer":
         return torch.stack([k, v], dim=1).contiguous()
     if name == "flashinfer-hnd":
         return torch.stack([k.transpose(1, 2), v.transpose(1, 2)], dim=1).contiguous()
@@ -47,31 +57,45 @@ def engine_buffer(name: str, k: torch.Tensor, v: torch.Tensor):
     return (k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
 
 
-@pytest.mark.parametrize("name", sorted(ENGINE_LAYOUTS))
-def test_every_layout_reads_back_what_the_engine_wrote(name):
-    k, v = encoded(1), encoded(2)
+ENGINE_NAMES = ["flash", "flash-hnd", "flashinfer", "flashinfer-hnd", "hnd", "nhd", "vllm-cpu", "vllm-cpu-amx", "vllm-hnd", "vllm-nhd"]
+
+
+def test_the_engine_names_are_the_table():
+    assert set(ENGINE_NAMES) == {n for n, lay in LAYOUTS.items() if lay.combined or n in ("nhd", "hnd")}
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+@pytest.mark.parametrize("bs, dims", [(BS, D), (32, 32)])
+def test_every_layout_reads_back_what_the_engine_wrote(name, bs, dims):
+    if name == "vllm-cpu-amx" and (bs, dims) == (BS, D):
+        pytest.skip("amx pages group 16 slots and 16 dims")
+    k, v = encoded(1, bs, dims), encoded(2, bs, dims)
     raw = engine_buffer(name, k, v)
-    key, value = as_tensors(raw, ENGINE_LAYOUTS[name], BS, H, D)
+    key, value = as_tensors(raw, name, bs, H, dims)
     assert torch.equal(key, k) and torch.equal(value, v)
-    # the addresses agree with the tensor: element (3, 2, 1, 5) of K at view.element(...)
-    kview, vview = ENGINE_LAYOUTS[name].views(NB, BS, H, D, 4)
+    # the addresses agree with the tensor: element (3, 2, 1, 5) of K at geom.element(...)
+    geom = geometry(name, NB, bs, H, dims, "fp32")
     kbuf, vbuf = raw if isinstance(raw, tuple) else (raw, raw)
-    assert kbuf.reshape(-1)[kview.element(3, 2, 1, 5)] == k[3, 2, 1, 5]
-    assert vbuf.reshape(-1)[vview.element(3, 2, 1, 5)] == v[3, 2, 1, 5]
-    assert kview.byte(3, 2, 1, 5) == 4 * kview.element(3, 2, 1, 5)
-    assert describe(key, kbuf, "key", buffer=kview.buffer) == kview
+    assert kbuf.reshape(-1)[geom.element("key", 3, 2, 1, 5)] == k[3, 2, 1, 5]
+    assert vbuf.reshape(-1)[geom.element("value", 3, bs - 1, 1, 5)] == v[3, bs - 1, 1, 5]
+    kview = expected_view(geom, "key")
+    if LAYOUTS[name].tiled:
+        assert kview is None  # no strided view reads it: as_tensors copied
+    else:
+        assert describe(key, kbuf, "key", buffer=kview.buffer) == kview
 
 
 def test_a_wrong_view_of_the_right_shape_is_refused():
     from pagetrace.engines.views import verify
 
     raw = engine_buffer("vllm-cpu", encoded(1), encoded(2))
-    good_k, good_v = as_tensors(raw, ENGINE_LAYOUTS["vllm-cpu"], BS, H, D)
+    good_k, good_v = as_tensors(raw, "vllm-cpu", BS, H, D)
     verify(good_k, good_v, raw, "vllm-cpu")
     with pytest.raises(UsageError, match="key view.*slot stride"):  # the right tensors claimed as another layout
         verify(good_k, good_v, raw, "vllm-hnd")
     row_major = raw.view(NB, H, 2 * BS, D)[:, :, :BS].permute(0, 2, 1, 3)  # vLLM's Python view of the CPU cache
-    kview, vview = ENGINE_LAYOUTS["vllm-cpu"].views(NB, BS, H, D, 4)
+    geom = geometry("vllm-cpu", NB, BS, H, D, "fp32")
+    kview, vview = expected_view(geom, "key"), expected_view(geom, "value")
     with pytest.raises(UsageError, match=f"slot stride is {D} elements; the 'vllm-cpu' layout has 1"):
         check_view(describe(row_major, raw, "key"), kview, "vllm-cpu")
     value = raw.view(NB, H, 2 * BS, D)[:, :, BS:].permute(0, 2, 1, 3)
@@ -162,8 +186,9 @@ def write_bundle(path, layout: str = "vllm-cpu", sharing: str = "full-blocks"):
     new_v = torch.stack([v[s // BS, s % BS] for s in slots])
     raw = engine_buffer(layout, k, v)
     blocks = torch.tensor([1, 3, 4, 5])
-    lay = ENGINE_LAYOUTS[layout]
-    store = {"kv": raw.index_select(lay.block_axis, blocks)} if not lay.separate else {"key": raw[0][blocks], "value": raw[1][blocks]}
+    lay = LAYOUTS[layout]
+    axis = geometry(lay, NB, BS, H, D, "fp32").block_axis
+    store = {"kv": raw.index_select(axis, blocks)} if lay.combined else {"key": raw[0][blocks], "value": raw[1][blocks]}
     writer = BundleWriter(path, {
         "engine": {"name": "hand", "version": "0"},
         "model": {"num_layers": 1, "num_heads": 4, "num_kv_heads": H, "head_dim": D},
@@ -205,7 +230,7 @@ def violations(capsys, path, *extra):
     return code, doc["steps"][0]["violations"]
 
 
-@pytest.mark.parametrize("layout", ["vllm-cpu", "flash-attn", "flashinfer-hnd", "nhd"])
+@pytest.mark.parametrize("layout", ["vllm-cpu", "flash", "flashinfer-hnd", "nhd"])
 def test_check_and_replay_a_clean_bundle(tmp_path, capsys, layout):
     path = write_bundle(tmp_path / "b", layout)
     code, found = violations(capsys, path)
@@ -366,7 +391,9 @@ def test_vllm_metadata_to_step_tensors_without_vllm():
     assert detect_layout("CPU_ATTN", torch.zeros(2, 2, 32, 64)) == "vllm-cpu"
     assert detect_layout("FLASH_ATTN", torch.zeros(2, 2, 32, 64)) == "vllm-hnd"
     assert detect_layout("FLASH_ATTN", torch.zeros(2, 32, 2, 64).transpose(1, 2)) == "vllm-nhd"
-    assert detect_layout("FLASH_ATTN", torch.zeros(2, 5, 32, 2, 64)) == "flash-attn"
+    assert detect_layout("FLASH_ATTN", torch.zeros(2, 5, 32, 2, 64)) == "flash"
+    assert detect_layout("CPU_ATTN", torch.zeros(2, 2, 32, 64), "amx") == "vllm-cpu-amx"
+    assert detect_layout("CPU_ATTN", torch.zeros(2, 2, 32, 64), "vec16") == "vllm-cpu"
     os_env = __import__("os").environ
     saved = os_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     try:

@@ -23,7 +23,7 @@ from test_engines import write_bundle
 
 DELETE = object()
 ODD_VALUES = [0, -1, 1, 2, 3, 4, 6, 8, 2**31, 10**30, 1e308, float("nan"), float("inf"), 1.5, -0.0, "", "x", "4", True, None, [], {}, [0], ["a", "b"], DELETE]
-NAMES = ["fp16", "bf16", "fp32", "fp8", "vllm-hnd", "nhd", "flash-attn", "none", "full-blocks", "step-0000.safetensors",
+NAMES = ["fp16", "bf16", "fp32", "fp8", "vllm-hnd", "nhd", "flash", "vllm-cpu-amx", "none", "full-blocks", "step-0000.safetensors",
          "manifest.json", ".", "..", "/dev/null", "missing.safetensors", "a", "b"]
 FIELDS = [
     ("format",), ("version",), ("engine",), ("model",), ("model", "num_layers"), ("model", "num_heads"), ("model", "num_kv_heads"),

@@ -74,7 +74,7 @@ def build(seq_lens, q_lens, *, block_size=3, heads=4, kv_heads=2, head_dim=16, l
     caches, per_token = [], []
     for which, sc in (("key", k_scale), ("value", v_scale)):
         stored = canon[which].to(stored_dtype)
-        x = 16 // stored.element_size() if "dim_lo" in LAYOUTS[layout].key_axes else 1
+        x = 16 // stored.element_size() if "dim%x" in LAYOUTS[layout].key else 1
         caches.append(layout_cache(stored.view(num_blocks, block_size, kv_heads, head_dim), layout, which, x).to(DEVICE))
         rows = []
         for table, n in zip(tables, seq_lens):

@@ -1,10 +1,12 @@
 """`lookup --from BUNDLE`: one token of a captured request, down to the byte of that
-engine's cache. Plain Python and NumPy: no torch."""
+engine's cache, through the same layout arithmetic as `lookup`. Plain Python and NumPy: no torch."""
 
 from __future__ import annotations
 
 from ..blocks import locate
 from ..errors import RuntimeFailure, UsageError
+from ..layouts import vector_address
+from ..lookup import address_json
 from .bundle import read_manifest, read_step
 
 
@@ -25,18 +27,17 @@ def bundle_lookup(path: str, request: str, token: int, step: int | None = None, 
             f"request {st.requests[r]} token {token}: block_table[{loc.logical_block}] = {loc.physical_block} is outside "
             f"the pool of {manifest.num_blocks} blocks in step {st.step}; `pagetrace check {path}` lists every violation"
         )
-    key, value = manifest.views()
+    geom = manifest.geometry()
 
-    def address(view) -> dict:
-        first = view.element(loc.physical_block, loc.offset, head, 0)
-        offsets = [view.element(loc.physical_block, loc.offset, head, d) for d in range(manifest.head_dim)]
+    def address(which: str) -> dict:
+        addr = vector_address(geom, which, loc.physical_block, loc.offset, head)
         return {
-            **view.to_json(),
-            "element_offset": first,
-            "byte_offset": first * view.element_size,
-            "dim_stride_elements": view.strides[3],
-            "contiguous": all(b - a == 1 for a, b in zip(offsets, offsets[1:])),
-            "last_byte": offsets[-1] * view.element_size + view.element_size - 1,
+            "which": which,
+            "buffer": manifest.layout.buffer(which),
+            "formula": geom.formula(which),
+            "element_size": geom.element_size,
+            **address_json(addr),
+            "last_byte": addr.last_element_offset * geom.element_size + geom.element_size - 1,
         }
 
     return {
@@ -53,11 +54,11 @@ def bundle_lookup(path: str, request: str, token: int, step: int | None = None, 
         "physical_block": loc.physical_block,
         "slot": loc.slot,
         "layout": manifest.layout.name,
-        "raw_shape": list(manifest.layout.raw_shape(manifest.num_blocks, bs, manifest.num_kv_heads, manifest.head_dim)),
+        "raw_shape": list(geom.raw_shape()),
         "dtype": manifest.dtype,
         "head": head,
-        "key": address(key),
-        "value": address(value),
+        "key": address("key"),
+        "value": address("value"),
     }
 
 
@@ -71,9 +72,17 @@ def render_bundle_lookup(doc: dict) -> str:
     ]
     for which in ("key", "value"):
         a = doc[which]
-        how = "contiguous" if a["contiguous"] else f"strided, {a['dim_stride_elements']} elements apart"
+        chunks = a["chunks"]
+        if a["contiguous"]:
+            how = "contiguous"
+        elif a["chunk_stride_elements"] is not None and all(c["elements"] == chunks[0]["elements"] for c in chunks) and all(
+            b["element_offset"] - p["element_offset"] == a["chunk_stride_elements"] for p, b in zip(chunks, chunks[1:])
+        ):
+            how = f"{len(chunks)} runs of {chunks[0]['elements']}, {a['chunk_stride_elements']} elements apart"
+        else:
+            how = f"{len(chunks)} runs: " + ", ".join(f"dims {c['first_dim']}..{c['first_dim'] + c['elements'] - 1} at {c['element_offset']}" for c in chunks[:4]) + (" ..." if len(chunks) > 4 else "")
         lines.append(
             f"    {which} (KV head {doc['head']}) at element {a['element_offset']} = byte {a['byte_offset']} of the {a['buffer']} buffer; "
-            f"strides (block, slot, head, dim) {tuple(a['strides'])} + offset {a['offset']}; {how}"
+            f"{a['formula']}; {how}"
         )
     return "\n".join(lines)

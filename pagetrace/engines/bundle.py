@@ -6,7 +6,7 @@ A bundle is a folder:
     step-NNNN.safetensors  one file per captured step: its metadata and tensors
 
 safetensors keeps shapes and dtypes but not strides, so the manifest names the cache
-layout (`pagetrace.engines.views.ENGINE_LAYOUTS`) and each cache tensor is stored
+layout (`pagetrace.layouts.LAYOUTS`) and each cache tensor is stored
 contiguous in the layout's raw shape, with only the blocks the step references. The
 README's "Real engines" section lists every field. Loading refuses a malformed bundle
 with a `BundleError` (exit 2) naming the file and the field. The index tensors load
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from .views import ENGINE_LAYOUTS, EngineLayout
+from ..layouts import LAYOUTS, OLD_NAMES, CacheGeometry, Layout, check_factors
 
 FORMAT = "pagetrace-capture"
 VERSION = 1
@@ -54,7 +54,7 @@ class Manifest:
     num_kv_heads: int
     head_dim: int
     dtype: str
-    layout: EngineLayout
+    layout: Layout
     block_size: int
     kernel_block_size: int
     num_blocks: int
@@ -73,9 +73,9 @@ class Manifest:
     def element_size(self) -> int:
         return DTYPES[self.dtype]
 
-    def views(self):
-        """K and V views of the engine's whole cache (real addresses)."""
-        return self.layout.views(self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim, self.element_size)
+    def geometry(self, num_blocks: int | None = None) -> CacheGeometry:
+        """The engine's whole cache (real addresses), or `num_blocks` stored pages of it."""
+        return CacheGeometry(self.layout, self.num_blocks if num_blocks is None else num_blocks, self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
 
 
 @dataclass(slots=True)
@@ -161,8 +161,9 @@ def read_manifest(path: str | Path) -> Manifest:
     if dtype not in DTYPES:
         raise BundleError(file, "kv_cache.dtype", f"{dtype!r}: choose one of {', '.join(DTYPES)}")
     layout_name = _get(kv, "layout", str, file, "kv_cache.")
-    if layout_name not in ENGINE_LAYOUTS:
-        raise BundleError(file, "kv_cache.layout", f"{layout_name!r}: choose one of {', '.join(ENGINE_LAYOUTS)}")
+    layout_name = OLD_NAMES.get(layout_name, layout_name)  # bundles of earlier releases
+    if layout_name not in LAYOUTS:
+        raise BundleError(file, "kv_cache.layout", f"{layout_name!r}: choose one of {', '.join(LAYOUTS)}")
     sizes = {k: _get(kv, k, int, file, "kv_cache.") for k in ("block_size", "num_blocks")}
     for k, v in sizes.items():
         if v < 1:
@@ -199,11 +200,11 @@ def read_manifest(path: str | Path) -> Manifest:
     if window is not None and window < 1:
         raise BundleError(file, "attention.sliding_window", f"{window}: a window holds at least 1 token; write null for none")
     null_block = _get(kv, "null_block", int, file, "kv_cache.", optional=True)
-    return Manifest(
+    manifest = Manifest(
         engine=_get(doc, "engine", dict, file),
         **dims,
         dtype=dtype,
-        layout=ENGINE_LAYOUTS[layout_name],
+        layout=LAYOUTS[layout_name],
         block_size=sizes["block_size"],
         kernel_block_size=_get(kv, "kernel_block_size", int, file, "kv_cache.", optional=True) or sizes["block_size"],
         num_blocks=sizes["num_blocks"],
@@ -218,6 +219,11 @@ def read_manifest(path: str | Path) -> Manifest:
         layers=layers,
         steps=steps,
     )
+    try:  # the dims must fit the layout's splits (amx: block_size a multiple of 16)
+        check_factors(manifest.geometry())
+    except UsageError as exc:
+        raise BundleError(file, "kv_cache.layout", f"{layout_name!r}: {exc.reason}") from None
+    return manifest
 
 
 def _step_entry(manifest: Manifest, step: int | None, option: str = "--step") -> dict:
@@ -291,9 +297,10 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
         raise BundleError(step.file, "file", f"is not a readable safetensors file ({exc})") from None
     prefix = f"layer{layer}."
     out = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
-    pages = ("key", "value") if manifest.layout.separate else ("kv",)
-    want = manifest.layout.raw_shape(len(step.blocks), manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    pages = ("kv",) if manifest.layout.combined else ("key", "value")
+    stored = manifest.geometry(len(step.blocks))
     for name in pages:
+        want = stored.raw_shape("key" if name == "kv" else name)
         if name not in out:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:

@@ -53,7 +53,7 @@ class Violation:
 class Checker:
     def __init__(self, manifest: Manifest, step: Step) -> None:
         self.m, self.s = manifest, step
-        self.key_view, _ = manifest.views()
+        self.geom = manifest.geometry()
         self.found: list[Violation] = []
 
     def add(self, check: str, message: str, r: int | None = None, token: int | None = None, physical: int | None = None, slot: int | None = None, layer: int | None = None) -> None:
@@ -65,7 +65,7 @@ class Checker:
             slot = physical * bs + token % bs
         byte = None
         if physical is not None and token is not None and 0 <= physical < self.m.num_blocks:
-            byte = self.key_view.byte(physical, token % bs, 0, 0)
+            byte = self.geom.element("key", physical, token % bs, 0, 0) * self.geom.element_size
         request = None if r is None else self.s.requests[r]
         self.found.append(Violation(check, self.s.step, message, request, token, logical, physical, slot, byte, layer))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .bundle import DTYPES, SHARING, BundleWriter
-from .views import get_engine_layout
+from ..layouts import CacheGeometry, get_layout
 
 TORCH_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
 
@@ -38,19 +38,28 @@ def write_bundle(
 ) -> Path:
     import torch
 
-    lay = get_engine_layout(layout)
+    lay = get_layout(layout, "layout")
+    layout = lay.name
     if sharing not in SHARING:
         raise UsageError("sharing", sharing, f"choose one of {', '.join(SHARING)}")
-    buffers = tuple(cache) if lay.separate else (cache,)
+    buffers = (cache,) if lay.combined else tuple(cache)
     dtype = TORCH_DTYPES.get(str(buffers[0].dtype))
     if dtype not in DTYPES:
         raise UsageError("cache", str(buffers[0].dtype), f"a bundle stores {', '.join(TORCH_DTYPES)}")
-    num_blocks = int(buffers[0].shape[lay.block_axis])
+    block_axis = CacheGeometry(lay, 1, block_size, 1, 1, dtype).block_axis
+    num_blocks = int(buffers[0].shape[block_axis])
     shape = tuple(buffers[0].shape)
+
+    def fits(h: int, d: int) -> bool:
+        try:
+            return CacheGeometry(lay, num_blocks, block_size, h, d, dtype).raw_shape("key") == shape
+        except (ZeroDivisionError, ValueError):
+            return False
+
     # the raw shape fixes H and D: try the head counts that divide it
-    dims = next(((h, d) for h in range(1, 4097) for d in (shape[-1], shape[-1] // 2) if d and lay.raw_shape(num_blocks, block_size, h, d) == shape), None)
+    dims = next(((h, d) for h in range(1, 4097) for d in (shape[-1], shape[-1] // 2) if d and fits(h, d)), None)
     if dims is None:
-        raise UsageError("cache", shape, f"is not a '{layout}' buffer {lay.raw} with block size {block_size}")
+        raise UsageError("cache", shape, f"is not a '{layout}' buffer ({lay.summary}) with block size {block_size}")
     num_kv_heads, head_dim = dims
     qlens = query_lens or [1] * len(tables)
     qsl = [0]
@@ -73,10 +82,10 @@ def write_bundle(
         "positions": torch.tensor(positions, dtype=torch.int64),
         "blocks": ids,
     }
-    if lay.separate:
-        tensors["layer0.key"], tensors["layer0.value"] = (b.index_select(0, ids).cpu() for b in buffers)
+    if lay.combined:
+        tensors["layer0.kv"] = cache.index_select(block_axis, ids).cpu()
     else:
-        tensors["layer0.kv"] = cache.index_select(lay.block_axis, ids).cpu()
+        tensors["layer0.key"], tensors["layer0.value"] = (b.index_select(block_axis, ids).cpu() for b in buffers)
     if query is not None:
         tensors["layer0.query"] = query.cpu()
     if output is not None:

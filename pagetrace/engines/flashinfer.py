@@ -14,7 +14,8 @@ its docstring example; flashinfer/page.py `get_seq_lens`):
 from __future__ import annotations
 
 from ..errors import UsageError
-from .views import ENGINE_LAYOUTS, EngineLayout, as_tensors
+from ..layouts import LAYOUTS, Layout
+from .views import as_tensors
 
 
 def block_tables(kv_indptr: list[int], kv_indices: list[int], kv_last_page_len: list[int], page_size: int) -> tuple[list[list[int]], list[int]]:
@@ -33,12 +34,12 @@ def block_tables(kv_indptr: list[int], kv_indices: list[int], kv_last_page_len: 
     return tables, lens
 
 
-def cache_layout(paged_kv_cache, kv_layout: str) -> EngineLayout:
+def cache_layout(paged_kv_cache, kv_layout: str) -> Layout:
     if kv_layout not in ("NHD", "HND"):
         raise UsageError("kv_layout", kv_layout, "FlashInfer's layouts are NHD and HND")
     if isinstance(paged_kv_cache, (tuple, list)):
-        return ENGINE_LAYOUTS[kv_layout.lower()]
-    return ENGINE_LAYOUTS[f"flashinfer-{kv_layout.lower()}"]
+        return LAYOUTS[kv_layout.lower()]
+    return LAYOUTS["flashinfer" if kv_layout == "NHD" else "flashinfer-hnd"]
 
 
 def kv_views(paged_kv_cache, kv_layout: str, page_size: int, num_kv_heads: int, head_dim: int):

@@ -1,7 +1,8 @@
 """A captured step through pagetrace's kernel, against contiguous attention and the engine.
 
 The stored cache pages become a compact pool (stored block i is pool block i) read
-through the bundle's layout with no copy (`views.as_tensors`), and each block table is
+through the bundle's layout (`views.as_tensors`: strided views, or one gathered copy for a
+tiled layout, which the report names), and each block table is
 renumbered into it. The step then runs as the engine ran it: one varlen `paged_attention`
 call with its query_start_loc and seq_lens (bottom-right causal: the k-th of q new tokens
 in an n-token sequence sees n - q + k + 1 tokens). With a `paged_attention` that takes no
@@ -19,10 +20,17 @@ from .bundle import Manifest, Step
 from .views import as_tensors
 
 
+def cache_read(manifest: Manifest) -> str:
+    """How the replay reads the stored pages, in words for the report."""
+    if manifest.layout.tiled:
+        return f"one copy into [block, slot, head, dim] order: the '{manifest.layout.name}' layout is tiled, no strides read it"
+    return f"strided views of the stored pages, no copy ('{manifest.layout.name}' layout)"
+
+
 def pool_views(manifest: Manifest, step: Step, tensors: dict):
     """(key, value, compact): the stored pages as ``[stored_blocks, bs, H, D]`` views, and
     physical block -> pool block."""
-    raw = (tensors["key"], tensors["value"]) if manifest.layout.separate else tensors["kv"]
+    raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
     key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
     return key, value, {b: i for i, b in enumerate(step.blocks)}
 
@@ -181,6 +189,7 @@ class ReplaySummary:
     rows: list[dict]  # per context token of the traced query
     block_mass: list[float]  # attention per logical block of the traced request (mean over heads)
     refcount: dict[int, int]  # physical block -> requests whose table holds it
+    cache_read: str = ""  # how the stored pages were read (`cache_read`)
 
     @property
     def passed(self) -> bool:
@@ -191,6 +200,7 @@ class ReplaySummary:
             "bundle": str(bundle),
             "layer": layer,
             "backend": self.backend,
+            "cache_read": self.cache_read,
             "dtype": self.dtype,
             "tolerance": self.tolerance,
             "passed": self.passed,
@@ -235,4 +245,4 @@ def summarize(manifest: Manifest, step: Step, result: Replay, request: int, toke
             "refcount": refcount[physical], "score": float(logits[t]), "weight": float(weights[t]),
         })
     mass = [float(weights[b * bs : (b + 1) * bs].sum()) for b in range(len(table))]
-    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount)
+    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount, cache_read(manifest))

@@ -15,7 +15,7 @@ table is then req_to_token[r, ::p] // p, and the buffers are the `nhd` layout vi
 from __future__ import annotations
 
 from ..errors import UsageError
-from .views import ENGINE_LAYOUTS, as_tensors
+from .views import as_tensors
 
 NULL_PAGE = 0  # the padding slot's page
 
@@ -44,7 +44,7 @@ def kv_views(k_buffer, v_buffer, page_size: int = 1):
     if size % page_size:
         raise UsageError("page_size", page_size, f"the buffers hold {size} slots, not a whole number of pages")
     pages = (k_buffer.view(size // page_size, page_size, heads, dim), v_buffer.view(size // page_size, page_size, heads, dim))
-    return as_tensors(pages, ENGINE_LAYOUTS["nhd"], page_size, heads, dim)
+    return as_tensors(pages, "nhd", page_size, heads, dim)
 
 
 def write_bundle(path, req_to_token, req_pool_indices, seq_lens, k_buffer, v_buffer, *, num_heads: int, page_size: int = 1, out_cache_loc=None, query=None, output=None, **options):
