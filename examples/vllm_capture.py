@@ -61,12 +61,23 @@ def make_tiny_llama(path: Path, qk_gain: float = 8.0, seed: int = 0) -> Path:
     return path
 
 
+def force_cpu_isa(isa: str) -> None:
+    """Make vLLM's CPU backend choose `isa` for every layer: its metadata builder calls the
+    module's `_get_attn_isa` and hands the result to the cache writer and the attention
+    kernel alike (vllm/v1/attention/backends/cpu_attn.py), so both follow."""
+    from vllm.v1.attention.backends import cpu_attn
+
+    cpu_attn._get_attn_isa = lambda *args, **kwargs: isa
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("capture.bundle"), help="bundle folder to write (must not exist)")
     parser.add_argument("--model", type=Path, default=None, help="where to write the tiny model (default: beside --out)")
     parser.add_argument("--decode-steps", type=int, default=3)
     parser.add_argument("--max-batched-tokens", type=int, default=None, help="tokens per step; below the prompts' length vLLM prefills in chunks")
+    parser.add_argument("--isa", choices=("vec", "vec16", "amx"), default=None,
+                        help="force the CPU backend's attention ISA (default: the one vLLM picks for this CPU; the page layout follows it)")
     args = parser.parse_args(argv)
 
     from pagetrace.engines.vllm import capture, hide_broken_extensions
@@ -77,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         make_tiny_llama(model)
 
     from vllm import LLM, SamplingParams
+
+    if args.isa:
+        force_cpu_isa(args.isa)
 
     llm = LLM(
         model=str(model), skip_tokenizer_init=True, enforce_eager=True, block_size=32,  # the CPU backend needs a multiple of 32

