@@ -123,7 +123,7 @@ def emit_json(document: Any) -> None:
 def _register() -> None:
     import importlib
 
-    for name in ("lookup", "where", "run", "diagram", "simulate", "capacity", "check", "replay"):
+    for name in ("lookup", "where", "layouts", "run", "diagram", "simulate", "capacity", "check", "replay"):
         try:
             module = importlib.import_module(f".commands.{name}", __package__)
         except ModuleNotFoundError as exc:  # a command still being written

@@ -1,0 +1,219 @@
+"""The one layout table, held to properties no entry can fake and to formulas written out here.
+
+- every layout puts each (which, block, slot, head, dim) on its own element, and together
+  they cover the buffer exactly (a bijection), for random dims and every dtype;
+- `where`'s decoding inverts `lookup`'s offsets for every layout, tiled ones included;
+- vLLM's CPU amx pages against the formula from csrc/cpu/cpu_attn_amx.hpp, written out here
+  independently of the factor notation (so the entry is checked on machines where vLLM's
+  amx writer cannot run);
+- the probe learns a layout from a writer written here in plain torch, and refuses a writer
+  no entry explains, naming the element;
+- the README's layout table is the table.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagetrace.errors import UsageError
+from pagetrace.layouts import AXES, LAYOUTS, CacheGeometry, check_factors, make_geometry, table_markdown, vector_address
+from pagetrace.where import where_byte
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def fitting_geometry(name: str, dtype: str, data) -> CacheGeometry:
+    """Random dims that the layout's splits accept: block size and head_dim multiples of 16
+    for the tiled entry, head_dim a multiple of x for vLLM's split key."""
+    lay = LAYOUTS[name]
+    unit_s = 16 if lay.tiled else 1
+    unit_d = 16 if lay.tiled else (16 // SIZES[dtype] if "dim%x" in lay.key else 1)
+    return make_geometry(
+        name, data.draw(st.integers(1, 4)), unit_s * data.draw(st.integers(1, 3 if lay.tiled else 9)),
+        1 if lay.single_head else data.draw(st.integers(1, 3)), unit_d * data.draw(st.integers(1, 3 if unit_d > 1 else 12)), dtype,
+    )
+
+
+def all_offsets(geom: CacheGeometry, which: str) -> np.ndarray:
+    b, s, h, d = np.meshgrid(*(np.arange(n) for n in (geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim)), indexing="ij")
+    return np.asarray(geom.element(which, b, s, h, d)).reshape(-1)
+
+
+@settings(max_examples=120, deadline=None)
+@given(name=st.sampled_from(sorted(LAYOUTS)), dtype=st.sampled_from(sorted(SIZES)), data=st.data())
+def test_every_layout_is_a_bijection_onto_its_buffer(name, dtype, data):
+    geom = fitting_geometry(name, dtype, data)
+    k, v = all_offsets(geom, "key"), all_offsets(geom, "value")
+    per_cache = geom.num_blocks * geom.block_size * geom.num_kv_heads * geom.head_dim
+    assert len(np.unique(k)) == len(k) == per_cache and len(np.unique(v)) == per_cache
+    if geom.layout.combined:  # K and V share the buffer: together they are every element once
+        assert geom.numel("key") == geom.numel("value") == 2 * per_cache
+        assert np.array_equal(np.sort(np.concatenate([k, v])), np.arange(2 * per_cache))
+    else:
+        assert np.array_equal(np.sort(k), np.arange(geom.numel("key"))) and np.array_equal(np.sort(v), np.arange(geom.numel("value")))
+    n = 1
+    for size in geom.raw_shape():
+        n *= size
+    assert n == geom.numel("key")  # the engine's shape holds the same elements
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(sorted(LAYOUTS)), dtype=st.sampled_from(sorted(SIZES)), data=st.data())
+def test_where_inverts_lookup_for_every_layout(name, dtype, data):
+    geom = fitting_geometry(name, dtype, data)
+    block, slot = data.draw(st.integers(0, geom.num_blocks - 1)), data.draw(st.integers(0, geom.block_size - 1))
+    head = data.draw(st.integers(0, geom.num_kv_heads - 1))
+    for which in ("key", "value"):
+        addr = vector_address(geom, which, block, slot, head)
+        assert sum(c.elements for c in addr.chunks) == geom.head_dim
+        dim = data.draw(st.integers(0, geom.head_dim - 1))
+        chunk = next(c for c in addr.chunks if c.first_dim <= dim < c.first_dim + c.elements)
+        element = chunk.element_offset + dim - chunk.first_dim
+        assert element == geom.element(which, block, slot, head, dim)
+        byte = element * geom.element_size + data.draw(st.integers(0, geom.element_size - 1))
+        place = where_byte(geom, byte, None if geom.layout.combined else which, [[block]])
+        assert (place.which, place.block, place.offset, place.head, place.dim) == (which, block, slot, head, dim)
+        assert [(o.sequence, o.token) for o in place.owners] == [(0, slot)]
+
+
+def test_each_axis_is_tiled_exactly_by_its_factors():
+    """Divisors are the products of the inner sizes; the sizes multiply to the axis; the
+    factors before `kv` are the same for K and V (where decodes K or V from them)."""
+    for lay in LAYOUTS.values():
+        geom = CacheGeometry(lay, 3, 32, 1 if lay.single_head else 2, 64, "bf16")
+        check_factors(geom)
+        for which in ("key", "value"):
+            for axis in AXES:
+                mine = sorted((f for f in geom.factors(which) if f.axis == axis), key=lambda f: f.div)
+                if axis == "head" and lay.single_head:
+                    continue
+                reach = 1
+                for f in mine:
+                    assert f.div == reach, (lay.name, which, f)
+                    reach *= f.size
+                assert reach == geom.axis_size(axis), (lay.name, which, axis)
+        if lay.combined:
+            cut = lay.key.index("kv") + 1
+            assert lay.key[:cut] == lay.value[:cut], lay.name
+
+
+# vLLM's amx pages, from csrc/cpu/cpu_attn_amx.hpp (issue 17 gives the same): page = (b*H + h) * 2*bs*D,
+# p = 4 / element size; K in groups of 16 slots, each group D/p rows of 16 dword pairs; V after the
+# bs*D keys, in groups of 16 dims, each bs/p rows of 16 slot pairs.
+def amx_by_hand(b, s, h, d, H, bs, D, size):
+    p = 4 // size
+    page = (b * H + h) * 2 * bs * D
+    key = page + (s // 16) * 16 * D + (d // p) * 16 * p + (s % 16) * p + d % p
+    value = page + bs * D + (d // 16) * 16 * bs + (s // p) * 16 * p + (d % 16) * p + s % p
+    return key, value
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("bs, H, D", [(32, 2, 32), (64, 1, 64), (16, 3, 128), (32, 4, 16)])
+def test_amx_entry_is_the_writers_formula(dtype, bs, H, D):
+    geom = make_geometry("vllm-cpu-amx", 3, bs, H, D, dtype)
+    b, s, h, d = np.meshgrid(np.arange(3), np.arange(bs), np.arange(H), np.arange(D), indexing="ij")
+    want_k, want_v = amx_by_hand(b, s, h, d, H, bs, D, SIZES[dtype])
+    assert np.array_equal(geom.element("key", b, s, h, d), want_k)
+    assert np.array_equal(geom.element("value", b, s, h, d), want_v)
+    # what lookup prints for the bf16 key of (block 2, slot 17, head 0): runs of p elements, 16p apart
+    addr = vector_address(geom, "key", 2, 17, 0)
+    p = 4 // SIZES[dtype]
+    assert [(c.first_dim, c.elements) for c in addr.chunks[:2]] == [(0, p), (p, p)] and addr.chunk_stride == 16 * p
+
+
+@pytest.mark.parametrize("bs, D, option", [(8, 32, "--block-size"), (24, 32, "--block-size"), (32, 8, "--head-dim")])
+def test_amx_refuses_dims_its_tiles_cannot_hold(bs, D, option):
+    with pytest.raises(UsageError) as err:
+        make_geometry("vllm-cpu-amx", 3, bs, 2, D, "bf16")
+    assert err.value.option == option and "vllm-cpu-amx" in err.value.reason
+
+
+def test_the_formula_is_cute_shape_and_stride():
+    geom = make_geometry("vllm-cpu-amx", 4, 32, 2, 64, "bf16")
+    assert geom.formula("key") == "block:4:8192  slot:(2,16):(1024,2)  head:2:4096  dim:(32,2):(32,1)  + 0"
+    assert geom.formula("value") == "block:4:8192  slot:(16,2):(32,1)  head:2:4096  dim:(4,16):(512,2)  + 2048"
+    assert make_geometry("vllm", 4, 16, 2, 16, "fp16").formula("key") == "block:4:512  slot:16:8  head:2:256  dim:(2,8):(128,1)  + 0"
+    assert geom.affine("key") is None and make_geometry("vllm-cpu", 4, 32, 2, 64, "bf16").affine("key") == ((8192, 1, 4096, 32), 0)
+
+
+def tagged_writer(layout: str, shift: tuple[int, int] | None = None):
+    """A cache writer in plain torch that lays K/V out as `layout` would, written from the
+    vec formula (K at d*bs + s, V after the keys at s*D + d) or, with `shift`, one that puts
+    the key of (slot 0, dim 0) at element `shift[1]` instead (swapping it with that element)."""
+    def write(key, value, kv_cache, slot_mapping):
+        n, h, bs, d2 = kv_cache.shape
+        d = d2 // 2
+        page = kv_cache.view(n, h, 2 * bs * d)
+        for t, slot in enumerate(slot_mapping.tolist()):
+            b, s = divmod(slot, bs)
+            for hh in range(h):
+                page[b, hh, torch.arange(d) * bs + s] = key[t, hh]
+                page[b, hh, bs * d + s * d + torch.arange(d)] = value[t, hh]
+        if shift is not None:
+            flat = kv_cache.view(-1)
+            a, b_ = shift
+            flat[a], flat[b_] = flat[b_].clone(), flat[a].clone()
+
+    return write
+
+
+def test_probe_learns_the_layout_a_writer_uses():
+    from pagetrace.engines.probe import learn_layout
+
+    scratch = torch.empty(3, 2, 16, 2 * 16, dtype=torch.bfloat16)
+    found = learn_layout(tagged_writer("vllm-cpu"), scratch, lambda t: t, block_size=16, num_kv_heads=2, head_dim=16, dtype="bf16",
+                         expected=None, writer="test writer")
+    assert found.layout == "vllm-cpu" and found.explained_by == ["vllm-cpu"] and found.elements == 2 * 3 * 16 * 2 * 16
+    assert "vllm-cpu-amx" in found.misses and "vllm-hnd" in found.misses
+
+
+def test_probe_refuses_a_writer_no_layout_explains_and_names_the_element():
+    from pagetrace.engines.probe import ProbeRefused, learn_layout
+
+    scratch = torch.empty(3, 2, 16, 2 * 8, dtype=torch.bfloat16)
+    with pytest.raises(ProbeRefused) as err:  # key (block 0, slot 0, head 0, dim 0) moved to element 5
+        learn_layout(tagged_writer("vllm-cpu", shift=(0, 5)), scratch, lambda t: t, block_size=16, num_kv_heads=2, head_dim=8, dtype="bf16",
+                     expected="vllm-cpu", writer="test writer", isa="vec")
+    message = str(err.value)
+    assert "test writer (isa vec)" in message and "Capture refused" in message
+    assert "key (block 0, slot 0, head 0, dim 0): the 'vllm-cpu' layout puts it at element 0; the writer put it at element 5" in message
+
+
+def test_the_tags_survive_bf16_for_big_dims():
+    """Passes carry base-128 digits: a head_dim of 256 (two digits) still decodes exactly."""
+    from pagetrace.engines.probe import read_back
+
+    scratch = torch.empty(3, 1, 16, 2 * 256, dtype=torch.bfloat16)
+    named = read_back(tagged_writer("vllm-cpu"), scratch, lambda t: t, 16, 1, 256)
+    bs, d = 16, 256
+    element = 0 * 2 * bs * d + 200 * bs + 5  # key of block 0, slot 5, dim 200
+    assert (int(named["sign"][element]), int(named["token"][element]), int(named["dim"][element])) == (1, 5, 200)
+
+
+def test_readme_layout_table_is_the_table():
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- layouts:begin -->\n(.*?)<!-- layouts:end -->", text, re.S)
+    assert found, "README.md has no <!-- layouts:begin --> ... <!-- layouts:end --> section"
+    assert found.group(1) == table_markdown(), "README's layout table differs: paste `pagetrace layouts --markdown` between the markers"
+
+
+def test_one_layout_table_in_the_package():
+    """No second table or naming scheme: only layouts.py builds a `Layout`, and the names the
+    engines' adapters and the CLI offer are the table's."""
+    from pagetrace.cli_types import layout_choice
+
+    for path in (ROOT / "pagetrace").rglob("*.py"):
+        text = path.read_text()
+        assert "ENGINE_LAYOUTS" not in text, path
+        if path.name != "layouts.py":
+            assert not re.search(r"\bLayout\(\s*\"", text), path
+    assert set(layout_choice().choices) >= set(LAYOUTS)
