@@ -34,6 +34,8 @@ BLOCK_TESTS = ["tests/test_blocks.py", "tests/test_cli_lookup.py"]
 RUN_TESTS = ["tests/test_cli_run.py", "tests/test_cli_run_report.py"]
 CLI_TESTS = ["tests/test_cli_app.py", "tests/test_cli_lookup.py"]
 WHERE_TESTS = ["tests/test_layout_conventions.py"]
+LAYOUT_MODEL_TESTS = ["tests/test_layout_model.py"]
+ENGINE_TESTS = ["tests/test_engines.py"]
 
 
 @dataclass(frozen=True)
@@ -55,24 +57,28 @@ MUTATIONS = [
     Mutation("blocks: pool bound off by one", "pagetrace/blocks.py", "if num_blocks is not None and physical >= num_blocks:", "if num_blocks is not None and physical > num_blocks:", BLOCK_TESTS),
     Mutation("blocks: repeats allowed", "pagetrace/blocks.py", "if physical in seen and not allow_repeats:", "if False:", BLOCK_TESTS),
     Mutation("blocks: slot_mapping offset", "pagetrace/blocks.py", "* block_size + t % block_size for t in range(seq_len)]", "* block_size + t // block_size for t in range(seq_len)]", BLOCK_TESTS),
-    # layouts
-    Mutation("layouts: hnd head and slot swapped", "pagetrace/layouts.py", '''            ("block", "head", "slot", "dim"),
-            ("block", "head", "slot", "dim"),
-        ),''', '''            ("block", "slot", "head", "dim"),
-            ("block", "slot", "head", "dim"),
-        ),''', LAYOUT_TESTS),
-    Mutation("layouts: vllm value dim and slot swapped", "pagetrace/layouts.py", '''            ("block", "head", "dim", "slot"),
-        ),''', '''            ("block", "head", "slot", "dim"),
-        ),''', LAYOUT_TESTS),
+    # layouts: the one table and its arithmetic
+    Mutation("layouts: hnd as nhd", "pagetrace/layouts.py", '''               ("block", "head", "slot", "dim"), ("block", "head", "slot", "dim")),''', '''               ("block", "slot", "head", "dim"), ("block", "slot", "head", "dim")),''', LAYOUT_TESTS),
+    Mutation("layouts: vllm value dim and slot swapped", "pagetrace/layouts.py", '("block", "head", "dim/x", "slot", "dim%x"), ("block", "head", "dim", "slot")),', '("block", "head", "dim/x", "slot", "dim%x"), ("block", "head", "slot", "dim")),', LAYOUT_TESTS),
     Mutation("layouts: vllm key chunk of 8 bytes", "pagetrace/layouts.py", "VLLM_KEY_CHUNK_BYTES = 16", "VLLM_KEY_CHUNK_BYTES = 8", LAYOUT_TESTS),
-    Mutation("layouts: strides not reversed", "pagetrace/layouts.py", "    return tuple(reversed(strides))", "    return tuple(strides)", LAYOUT_TESTS),
+    Mutation("layouts: amx pairs of 2 bytes", "pagetrace/layouts.py", "AMX_PAIR_BYTES = 4", "AMX_PAIR_BYTES = 2", LAYOUT_MODEL_TESTS),
+    Mutation("layouts: amx key groups of 8 slots", "pagetrace/layouts.py", '("block", "head", "kv", "slot/16", "dim/p", "slot%16", "dim%p"),', '("block", "head", "kv", "slot/8", "dim/p", "slot%8", "dim%p"),', LAYOUT_MODEL_TESTS),
+    Mutation("layouts: amx value tiles in slot order", "pagetrace/layouts.py", '("block", "head", "kv", "dim/16", "slot/p", "dim%16", "slot%p")', '("block", "head", "kv", "slot/p", "dim/16", "dim%16", "slot%p")', LAYOUT_MODEL_TESTS),
+    Mutation("layouts: vllm-cpu key row-major", "pagetrace/layouts.py", '("block", "head", "kv", "dim", "slot"), ("block", "head", "kv", "slot", "dim"), raw=', '("block", "head", "kv", "slot", "dim"), ("block", "head", "kv", "slot", "dim"), raw=', LAYOUT_MODEL_TESTS + ENGINE_TESTS),
+    Mutation("layouts: strides not accumulated", "pagetrace/layouts.py", "            stride *= n\n", "            stride += n\n", LAYOUT_TESTS),
     Mutation("layouts: byte offset in elements", "pagetrace/layouts.py", "byte_offset=offsets[0] * geom.element_size,", "byte_offset=offsets[0],", LAYOUT_TESTS),
-    Mutation("layouts: value in the key half", "pagetrace/layouts.py", '"kv": 0 if which == "key" else 1,', '"kv": 0,', LAYOUT_TESTS),
-    Mutation("layouts: flash-hnd in NHD memory order", "pagetrace/layouts.py", '''            ("kv", "block", "head", "slot", "dim"),
-            ("kv", "block", "head", "slot", "dim"),''', '''            ("kv", "block", "slot", "head", "dim"),
-            ("kv", "block", "slot", "head", "dim"),''', LAYOUT_TESTS),
-    Mutation("layouts: flashinfer kv outermost", "pagetrace/layouts.py", '_FI_VIEW = ("block", "kv", "slot", "head", "dim")', '_FI_VIEW = ("kv", "block", "slot", "head", "dim")', LAYOUT_TESTS),
-    Mutation("layouts: block base from the block stride alone", "pagetrace/layouts.py", "block_base=element_offset(geom, which, block, 0, 0, 0, strides),", "block_base=block * strides[0],", LAYOUT_TESTS + BLOCK_TESTS),
+    Mutation("layouts: value in the key half", "pagetrace/layouts.py", 'coords = {"block": block, "slot": slot, "head": head, "dim": dim, "kv": 0 if which == "key" else 1}\n        total = 0', 'coords = {"block": block, "slot": slot, "head": head, "dim": dim, "kv": 0}\n        total = 0', LAYOUT_TESTS),
+    Mutation("layouts: flash-hnd in NHD memory order", "pagetrace/layouts.py", '''               ("kv", "block", "head", "slot", "dim"), ("kv", "block", "head", "slot", "dim"), view=_FA),''', '''               ("kv", "block", "slot", "head", "dim"), ("kv", "block", "slot", "head", "dim"), view=_FA),''', LAYOUT_TESTS),
+    Mutation("layouts: flashinfer kv outermost", "pagetrace/layouts.py", '_FI = ("block", "kv", "slot", "head", "dim")', '_FI = ("kv", "block", "slot", "head", "dim")', LAYOUT_TESTS),
+    Mutation("layouts: block base at slot 1", "pagetrace/layouts.py", "block_base=geom.element(which, block, 0, 0, 0),", "block_base=geom.element(which, block, 1, 0, 0),", LAYOUT_TESTS + BLOCK_TESTS),
+    Mutation("layouts: inverse ignores the kv factor", "pagetrace/layouts.py", '            if kv is None or ("key", "value")[kv] == which:', "            if True:", LAYOUT_MODEL_TESTS + WHERE_TESTS),
+    Mutation("layouts: inverse drops the divisor", "pagetrace/layouts.py", "                coords[f.axis] += digit * f.div", "                coords[f.axis] += digit", LAYOUT_MODEL_TESTS + WHERE_TESTS),
+    Mutation("layouts: tiled split accepted", "pagetrace/layouts.py", "            if geom.axis_size(axis) % need:", "            if False:", LAYOUT_MODEL_TESTS),
+    Mutation("layouts: a split value counts as affine", "pagetrace/layouts.py", "            elif f.size > 1:  # a split that matters", "            elif False:", LAYOUT_MODEL_TESTS + ENGINE_TESTS),
+    # the probe: a layout learned from a writer
+    Mutation("probe: one digit per coordinate", "pagetrace/engines/probe.py", "            if div >= n:", "            if True:", LAYOUT_MODEL_TESTS),
+    Mutation("probe: values not told from keys", "pagetrace/engines/probe.py", '    for which, sign in (("key", 1), ("value", -1)):', '    for which, sign in (("key", 1),):', LAYOUT_MODEL_TESTS),
+    Mutation("probe: dims unchecked", "pagetrace/engines/probe.py", '& (named["head"][where] == hh) & (named["dim"][where] == dd)', '& (named["head"][where] == hh)', LAYOUT_MODEL_TESTS),
     Mutation("dtypes: bf16 four bytes", "pagetrace/dtypes.py", '"bf16": 2, "fp8_e4m3"', '"bf16": 4, "fp8_e4m3"', LAYOUT_TESTS + CLI_TESTS),
     Mutation("lookup: chunk bytes in elements", "pagetrace/lookup.py", '"byte_offset": c.element_offset * addr.element_size,', '"byte_offset": c.element_offset,', LAYOUT_TESTS + CLI_TESTS),
     # the kernel and its launcher
@@ -92,7 +98,7 @@ MUTATIONS = [
     Mutation("run: torch backend claims the kernel check", "pagetrace/commands/run.py", '("slots", slots_line(checks, kernel_ran=s.backend != "torch")),', '("slots", slots_line(checks, kernel_ran=True)),', RUN_TESTS),
     # where
     Mutation("where: owner token without offset", "pagetrace/where.py", "SlotOwner(s, logical, logical * block_size + offset)", "SlotOwner(s, logical, logical * block_size)", WHERE_TESTS),
-    Mutation("where: split key dim not recombined", "pagetrace/where.py", 'coords["dim_hi"] * geom.x + coords["dim_lo"]', 'coords["dim_hi"] + coords["dim_lo"]', WHERE_TESTS),
+    Mutation("where: the cache option ignored", "pagetrace/where.py", 'geom.coordinates(element, None if geom.layout.combined else which)', 'geom.coordinates(element, None)', WHERE_TESTS + LAYOUT_MODEL_TESTS),
     # the command line
     Mutation("cli: unicode digits accepted", "pagetrace/cli_types.py", '_ASCII_INT = re.compile(r"-?[0-9]+")', '_ASCII_INT = re.compile(r"-?\\d+")', CLI_TESTS),
     Mutation("cli: usage errors exit 1", "pagetrace/cli.py", "        return _fail(str(exc), 2)", "        return _fail(str(exc), 1)", CLI_TESTS),
@@ -103,7 +109,8 @@ MUTATIONS = [
 def copy_tree(dest: Path) -> None:
     for name in ("pagetrace", "tests"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    for name in ("pyproject.toml", "README.md"):  # README: tests hold its layout table to the code
+        shutil.copy(ROOT / name, dest / name)
 
 
 def run_tests(workdir: Path, tests: list[str], timeout: int) -> tuple[bool, float]:

@@ -145,19 +145,21 @@ def test_the_formula_is_cute_shape_and_stride():
     assert geom.affine("key") is None and make_geometry("vllm-cpu", 4, 32, 2, 64, "bf16").affine("key") == ((8192, 1, 4096, 32), 0)
 
 
-def tagged_writer(layout: str, shift: tuple[int, int] | None = None):
+def tagged_writer(layout: str, shift: tuple[int, int] | None = None, value_col_major: bool = False, key_dims_reversed: bool = False):
     """A cache writer in plain torch that lays K/V out as `layout` would, written from the
-    vec formula (K at d*bs + s, V after the keys at s*D + d) or, with `shift`, one that puts
-    the key of (slot 0, dim 0) at element `shift[1]` instead (swapping it with that element)."""
+    vec formula (K at d*bs + s, V after the keys at s*D + d). Planted faults: `shift` swaps the
+    key of (slot 0, dim 0) with another element; `value_col_major` writes V like K;
+    `key_dims_reversed` writes key dim d where dim D-1-d belongs."""
     def write(key, value, kv_cache, slot_mapping):
         n, h, bs, d2 = kv_cache.shape
         d = d2 // 2
         page = kv_cache.view(n, h, 2 * bs * d)
+        dims = torch.arange(d)
         for t, slot in enumerate(slot_mapping.tolist()):
             b, s = divmod(slot, bs)
             for hh in range(h):
-                page[b, hh, torch.arange(d) * bs + s] = key[t, hh]
-                page[b, hh, bs * d + s * d + torch.arange(d)] = value[t, hh]
+                page[b, hh, (dims.flip(0) if key_dims_reversed else dims) * bs + s] = key[t, hh]
+                page[b, hh, bs * d + (dims * bs + s if value_col_major else s * d + dims)] = value[t, hh]
         if shift is not None:
             flat = kv_cache.view(-1)
             a, b_ = shift
@@ -186,6 +188,22 @@ def test_probe_refuses_a_writer_no_layout_explains_and_names_the_element():
     message = str(err.value)
     assert "test writer (isa vec)" in message and "Capture refused" in message
     assert "key (block 0, slot 0, head 0, dim 0): the 'vllm-cpu' layout puts it at element 0; the writer put it at element 5" in message
+
+
+@pytest.mark.parametrize("fault, first", [
+    ({"value_col_major": True}, "value (block 0, slot 0, head 0, dim 1): the 'vllm-cpu' layout puts it at element 257"),
+    ({"key_dims_reversed": True}, "key (block 0, slot 0, head 0, dim 0): the 'vllm-cpu' layout puts it at element 0; the writer put it at element 240"),
+])
+def test_probe_holds_values_and_dims_too(fault, first):
+    """A writer right about the keys but not the values, or right about slots and heads but not
+    dims, is explained by no entry."""
+    from pagetrace.engines.probe import ProbeRefused, learn_layout
+
+    scratch = torch.empty(3, 2, 16, 2 * 16, dtype=torch.bfloat16)
+    with pytest.raises(ProbeRefused) as err:
+        learn_layout(tagged_writer("vllm-cpu", **fault), scratch, lambda t: t, block_size=16, num_kv_heads=2, head_dim=16, dtype="bf16",
+                     expected="vllm-cpu", writer="test writer")
+    assert first in str(err.value)
 
 
 def test_the_tags_survive_bf16_for_big_dims():
@@ -217,3 +235,34 @@ def test_one_layout_table_in_the_package():
         if path.name != "layouts.py":
             assert not re.search(r"\bLayout\(\s*\"", text), path
     assert set(layout_choice().choices) >= set(LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", ["vllm-cpu", "vllm-cpu-amx", "flash"])
+def test_the_kernel_refuses_a_layout_it_cannot_stride_and_says_what_to_do(layout):
+    import pagetrace
+
+    q, cache = torch.zeros(1, 2, 16), torch.zeros(2, 2, 16, 32)
+    with pytest.raises(UsageError) as err:
+        pagetrace.paged_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), layout=layout)
+    assert err.value.option == "layout" and "as_tensors" in err.value.reason
+
+
+def test_as_tensors_of_amx_pages_feed_the_kernel():
+    """The tiled pages read through a copy give the kernel the same answer as the same K/V in nhd."""
+    import pagetrace
+    from pagetrace.engines.views import as_tensors, geometry
+
+    gen = torch.Generator().manual_seed(3)
+    geom = geometry("vllm-cpu-amx", 3, 16, 2, 16, "bf16")
+    raw = torch.randn(*geom.raw_shape(), generator=gen).to(torch.bfloat16)
+    key, value = as_tensors(raw, "vllm-cpu-amx", 16, 2, 16)
+    flat = raw.reshape(-1)
+    b, s, h, d = 2, 9, 1, 5
+    assert key[b, s, h, d] == flat[int(amx_by_hand(b, s, h, d, 2, 16, 16, 2)[0])] and value[b, s, h, d] == flat[int(amx_by_hand(b, s, h, d, 2, 16, 16, 2)[1])]
+    q = torch.randn(1, 4, 16, generator=gen).to(torch.bfloat16)
+    table, lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    got = pagetrace.paged_attention(q, key, value, table, lens, layout="nhd", backend="torch")
+    k = torch.cat([key[2], key[0, :4]]).float().repeat_interleave(2, dim=1)
+    v = torch.cat([value[2], value[0, :4]]).float().repeat_interleave(2, dim=1)
+    w = torch.softmax(torch.einsum("hd,thd->ht", q[0].float(), k) / 4, -1)
+    torch.testing.assert_close(got[0].float(), torch.einsum("ht,thd->hd", w, v), atol=2e-2, rtol=2e-2)

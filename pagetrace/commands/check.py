@@ -51,7 +51,7 @@ def check(
     console = stdout_console()
     engine = manifest.engine
     console.print(
-        f"{bundle}: {engine.get('name')} {engine.get('version', '')} {engine.get('backend', '')} · layout {manifest.layout.name} · "
+        f"{bundle}: {engine.get('name')} {engine.get('version', '')} {engine.get('backend', '')}{f' isa ' + str(engine['isa']) if engine.get('isa') else ''} · layout {manifest.layout.name} · "
         f"block size {manifest.block_size} · pool {manifest.num_blocks} blocks · sharing {manifest.sharing}",
         markup=False,
         soft_wrap=True,
