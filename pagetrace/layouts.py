@@ -489,3 +489,28 @@ def table_markdown() -> str:
         key, value = (f"`({', '.join(lay.factors(w))})`" for w in ("key", "value"))
         lines.append(f"| `{lay.name}` | {key} | {value if lay.value != lay.key else 'same'} | {lay.summary} | {lay.source} |")
     return "\n".join(lines) + "\n"
+
+
+def runs_text(runs: list[tuple[int, int]], element_size: int) -> str:
+    """How a vector's runs lie, in words: `runs` is (element offset, elements) per chunk.
+    A tiled vector (the amx value: 16 single elements 2 apart, then the next 16 far away)
+    says its groups, so no reader takes the first gap for all of them."""
+    n, size = len(runs), runs[0][1]
+    if n == 1:
+        return f"contiguous, {size} elements"
+    what = f"{n} chunks of {size} elements" if all(r[1] == size for r in runs) and size > 1 else (
+        f"{n} single elements" if all(r[1] == 1 for r in runs) else f"{n} runs of {'/'.join(sorted({str(r[1]) for r in runs}, key=int))} elements")
+    starts = ", ".join(str(r[0]) for r in runs[:4]) + (", ..." if n > 4 else "")
+    gaps = [b[0] - a[0] for a, b in zip(runs, runs[1:])]
+
+    def apart(g: int) -> str:
+        return f"{g} elements ({g * element_size} bytes) apart"
+
+    if len(set(gaps)) == 1:
+        return f"{what}, {apart(gaps[0])}, at {starts}"
+    inner = gaps[0]
+    k = next((i for i, g in enumerate(gaps) if g != inner), len(gaps)) + 1  # runs per group
+    groups = [runs[i][0] for i in range(0, n, k)]
+    if n % k == 0 and all(gaps[i] == inner for i in range(len(gaps)) if (i + 1) % k) and len({b - a for a, b in zip(groups, groups[1:])}) == 1:
+        return f"{what} in {n // k} groups of {k}, {apart(inner)} within a group, the groups {apart(groups[1] - groups[0])}, at {starts}"
+    return f"{what} at irregular gaps ({', '.join(map(str, sorted(set(gaps))))} elements), at {starts}"

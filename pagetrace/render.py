@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .layouts import VectorAddress
+from .layouts import VectorAddress, runs_text
 from .lookup import TokenTrace
 
 HIGHLIGHT = "bold black on yellow"
@@ -82,13 +82,8 @@ def _offset_sum(addr: VectorAddress) -> str:
 
 
 def vector_in_memory(addr: VectorAddress) -> str:
-    """How the head_dim elements of one vector lie: one run, or chunks a fixed stride apart."""
-    if addr.contiguous:
-        return f"contiguous, {addr.chunks[0].elements} elements"
-    n, size = len(addr.chunks), addr.chunks[0].elements
-    what = f"{n} chunks of {size} elements" if size > 1 else f"{n} single elements"
-    starts = ", ".join(str(c.element_offset) for c in addr.chunks[:4]) + (", ..." if n > 4 else "")
-    return f"{what}, {addr.chunk_stride} elements ({addr.chunk_stride * addr.element_size} bytes) apart, at {starts}"
+    """How the head_dim elements of one vector lie: one run, chunks a fixed stride apart, or groups of them."""
+    return runs_text([(c.element_offset, c.elements) for c in addr.chunks], addr.element_size)
 
 
 def address_table(trace: TokenTrace) -> Table:

@@ -266,3 +266,17 @@ def test_as_tensors_of_amx_pages_feed_the_kernel():
     v = torch.cat([value[2], value[0, :4]]).float().repeat_interleave(2, dim=1)
     w = torch.softmax(torch.einsum("hd,thd->ht", q[0].float(), k) / 4, -1)
     torch.testing.assert_close(got[0].float(), torch.einsum("ht,thd->hd", w, v), atol=2e-2, rtol=2e-2)
+
+
+def test_runs_of_a_tiled_vector_are_said_as_groups():
+    from pagetrace.layouts import runs_text
+
+    geom = make_geometry("vllm-cpu-amx", 16, 32, 2, 32, "bf16")
+    value = vector_address(geom, "value", 7, 20, 0)
+    runs = [(c.element_offset, c.elements) for c in value.chunks]
+    assert runs_text(runs, 2) == (
+        "32 single elements in 2 groups of 16, 2 elements (4 bytes) apart within a group, "
+        "the groups 512 elements (1024 bytes) apart, at 30016, 30018, 30020, 30022, ..."
+    )
+    assert runs_text([(0, 8)], 2) == "contiguous, 8 elements"
+    assert runs_text([(0, 1), (3, 1), (4, 1)], 4) == "3 single elements at irregular gaps (1, 3 elements), at 0, 3, 4"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..blocks import locate
 from ..errors import RuntimeFailure, UsageError
-from ..layouts import vector_address
+from ..layouts import runs_text, vector_address
 from ..lookup import address_json
 from .bundle import read_manifest, read_step
 
@@ -72,15 +72,7 @@ def render_bundle_lookup(doc: dict) -> str:
     ]
     for which in ("key", "value"):
         a = doc[which]
-        chunks = a["chunks"]
-        if a["contiguous"]:
-            how = "contiguous"
-        elif a["chunk_stride_elements"] is not None and all(c["elements"] == chunks[0]["elements"] for c in chunks) and all(
-            b["element_offset"] - p["element_offset"] == a["chunk_stride_elements"] for p, b in zip(chunks, chunks[1:])
-        ):
-            how = f"{len(chunks)} runs of {chunks[0]['elements']}, {a['chunk_stride_elements']} elements apart"
-        else:
-            how = f"{len(chunks)} runs: " + ", ".join(f"dims {c['first_dim']}..{c['first_dim'] + c['elements'] - 1} at {c['element_offset']}" for c in chunks[:4]) + (" ..." if len(chunks) > 4 else "")
+        how = runs_text([(c["element_offset"], c["elements"]) for c in a["chunks"]], a["element_size"])
         lines.append(
             f"    {which} (KV head {doc['head']}) at element {a['element_offset']} = byte {a['byte_offset']} of the {a['buffer']} buffer; "
             f"{a['formula']}; {how}"
