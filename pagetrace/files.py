@@ -116,12 +116,34 @@ def _check_folder(option: str, path: str, folder: str) -> None:
         raise UsageError(option, path, f"directory {folder!r} has no search permission")
 
 
+# the format each file option writes, and the extensions that name a format
+OPTION_FORMATS = {"--svg": "svg", "--png": "png", "--dot": "dot", "--chart": "svg", "--tables-svg": "svg", "--tables-png": "png"}
+EXTENSION_FORMATS = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".gif": "gif", ".webp": "webp", ".json": "json", ".html": "html"}
+OPTION_FOR_FORMAT = {"svg": "--svg", "png": "--png", "dot": "--dot"}
+
+
+def check_format(option: str, path: str) -> None:
+    """A file whose extension names another format than the option writes is refused
+    (`--svg x.png` would put SVG text in a .png file); no extension, or one that names no
+    format, is taken as given."""
+    writes = OPTION_FORMATS.get(option)
+    named = EXTENSION_FORMATS.get(os.path.splitext(path)[1].lower())
+    if writes is None or named is None or named == writes or path == STDOUT:
+        return
+    other = None if option == "--chart" else OPTION_FOR_FORMAT.get(named)
+    if other and option.startswith("--tables-"):
+        other = f"--tables-{named}" if f"--tables-{named}" in OPTION_FORMATS else None
+    hint = f"use {other} for {named.upper()}, or " if other else ""
+    raise UsageError(option, path, f"names a .{named} file, but {option} writes {writes.upper()}; {hint}give the file a .{writes} name")
+
+
 def check_outputs(paths: dict[str, str], stdout_taken_by: str | None = None) -> None:
-    """`check_output` for each (option -> path), and no file given twice: at most one on
-    stdout (`-`), none when `stdout_taken_by` (e.g. "--json") writes stdout already."""
+    """`check_output` and `check_format` for each (option -> path), and no file given twice:
+    at most one on stdout (`-`), none when `stdout_taken_by` (e.g. "--json") writes stdout already."""
     seen: dict[str, str] = {}
     for option, path in paths.items():
         check_output(option, path)
+        check_format(option, path)
         if path == STDOUT and stdout_taken_by is not None:
             raise UsageError(option, path, f"writes to stdout, where {stdout_taken_by} writes its document; give a file path")
         key = path if path == STDOUT else os.path.realpath(path)

@@ -254,3 +254,27 @@ def test_simulate_names_its_own_file_options(capsys, tmp_path, option):
 
 def test_simulate_keeps_stdout_for_its_report(capsys):
     assert_usage_error(cli(capsys, "simulate", "--requests", "3", "--svg", "-"), "--svg")
+
+
+@pytest.mark.parametrize("args, option, hint", [
+    (["run", "--svg", "x.png"], "--svg", "use --png for PNG"),
+    (["run", "--png", "x.SVG"], "--png", "use --svg for SVG"),
+    (["lookup", "--dot", "x.svg"], "--dot", "use --svg for SVG"),
+    (["simulate", "--svg", "pool.png"], "--svg", "use --png for PNG"),
+    (["simulate", "--chart", "waste.png"], "--chart", "give the file a .svg name"),
+    (["simulate", "--at", "3", "--tables-svg", "t.dot"], "--tables-svg", "give the file a .svg name"),
+])
+def test_a_file_named_for_another_format_is_refused(tmp_path, capsys, monkeypatch, args, option, hint):
+    """`--svg x.png` would write SVG text into a .png file: exit 2, naming the option and both formats, no file."""
+    monkeypatch.chdir(tmp_path)
+    result = cli(capsys, *args)
+    assert_usage_error(result, option)
+    assert "writes" in result[2] and hint in result[2]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_names_that_say_no_format_are_taken_as_given(tmp_path, capsys):
+    out = tmp_path / "mapping.picture"
+    code, _, err = cli(capsys, "lookup", "--svg", str(out))
+    assert code == 0, err
+    assert out.read_text().lstrip().startswith(("<?xml", "<svg"))
