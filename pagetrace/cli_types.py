@@ -69,7 +69,10 @@ class AliasChoice(types.ParamType):
         self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}
 
     def get_metavar(self, param=None, ctx=None) -> str:
-        return "[" + "|".join(self.choices) + "]"
+        """`[a|b|c]`; a long list gets spaces around its bars, so help at 80 columns wraps it
+        between choices instead of cutting one in two."""
+        tight = "[" + "|".join(self.choices) + "]"
+        return tight if len(tight) <= 24 else "[" + " | ".join(self.choices) + "]"
 
     def convert(self, value, param, ctx):
         if isinstance(value, Enum):

@@ -22,7 +22,7 @@ BlockSizeOption = Annotated[int, typer.Option(help="Tokens per block.")]
 HeadDimOption = Annotated[int, typer.Option(help="Elements per key/value vector.")]
 KvHeadsOption = Annotated[int, typer.Option(help="KV heads in the cache.")]
 DtypeOption = Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")]
-LayoutOption = Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case); flash* and flashinfer* hold K and V in one tensor, as vLLM V1 allocates them.")]
+LayoutOption = Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case): an entry of the one table, `pagetrace layouts` shows each; flash*, flashinfer* and vllm-* hold K and V in one buffer, as the engines allocate them.")]
 
 
 def mapping_view(trace: TokenTrace) -> MappingView:

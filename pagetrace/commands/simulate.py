@@ -44,8 +44,8 @@ def simulate(
     max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
     max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
     max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
-    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Automatic prefix caching.")] = True,
-    chunked_prefill: Annotated[bool, typer.Option("--chunked-prefill/--no-chunked-prefill", help="Split prompts longer than the token budget.")] = True,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
+    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
     at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
     timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline (steps with events, thinned evenly); 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
@@ -56,6 +56,7 @@ def simulate(
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
+    prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..cli import emit_json, stderr_console, stdout_console
     from ..errors import UsageError
     from ..files import check_outputs
@@ -120,7 +121,7 @@ def simulate(
         # vLLM refuses this configuration (SchedulerConfig.verify_max_model_len, vllm/config/scheduler.py):
         # without chunking, a prompt (or a preempted request's recompute) must fit one step's budget
         raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
-                         f"without --chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
+                         f"with --no-chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
     runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
