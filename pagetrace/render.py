@@ -81,6 +81,12 @@ def _offset_sum(addr: VectorAddress) -> str:
     return " + ".join(terms) if terms else "0"
 
 
+def header(t: Table, name: str, **options) -> None:
+    """A column whose header is never cut: at least as wide as the longest word of its name
+    (a header of two words may wrap between them; the cells wrap)."""
+    t.add_column(name, min_width=max((len(word) for word in name.split()), default=0), **options)
+
+
 def vector_in_memory(addr: VectorAddress) -> str:
     """How the head_dim elements of one vector lie: one run, chunks a fixed stride apart, or groups of them."""
     return runs_text([(c.element_offset, c.elements) for c in addr.chunks], addr.element_size)

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .diagram import MappingView, SequenceMap
+from .render import header
 
 
 def mapping_view(manifest, step, summary) -> MappingView:
@@ -27,9 +28,11 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
         f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}\n"
         f"cache read: {summary.cache_read}"
     )
-    per_request = Table(title="requests", title_justify="left", box=None, pad_edge=False)
-    for col in ("request", "new", "seq_len", "block table", "|kernel-contiguous|", "|kernel-engine|", ""):
-        per_request.add_column(col, justify="left" if col in ("request", "block table", "") else "right")
+    per_request = Table(title="requests", title_justify="left", box=None, pad_edge=False,
+                        caption="vs contiguous, vs engine: the largest |kernel - contiguous attention| and |kernel - the engine's output|",
+                        caption_justify="left")
+    for col in ("request", "new", "seq_len", "block table", "vs contiguous", "vs engine", ""):
+        header(per_request, col, justify="left" if col in ("request", "block table", "") else "right")
     for r in summary.requests:
         table = ",".join(f"{b}(x{summary.refcount[b]})" if summary.refcount[b] > 1 else str(b) for b in r.table)
         per_request.add_row(r.request, str(r.new_tokens), str(r.seq_len), table, f"{r.vs_contiguous:.2e}",

@@ -5,37 +5,79 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from .render import header
 from .sim.baselines import CATEGORIES
 from .sim.scheduler import StepRecord
 from .sim.summary import Summary
 
 
-def pick_steps(steps: list[StepRecord], rows: int) -> list[StepRecord]:
-    """Steps where something happened (admission, preemption, eviction, finish), evenly
-    thinned to `rows`; every preemption step is kept while there is room."""
+ANCHORS = (  # (what, the step it picks) in the order the title names them
+    ("the first admission", lambda steps: next((s for s in steps if s.admitted), None)),
+    ("the first prefix hit", lambda steps: next((s for s in steps if s.hit_tokens), None)),
+    ("the first eviction", lambda steps: next((s for s in steps if s.evicted), None)),
+    ("the first preemption", lambda steps: next((s for s in steps if s.preempted), None)),
+    ("the last step", lambda steps: steps[-1] if steps else None),
+)
+
+
+def _spread(candidates: list[StepRecord], n: int) -> list[StepRecord]:
+    """`n` of `candidates`, evenly spaced over the list (first and last included)."""
+    if n <= 0 or not candidates:
+        return []
+    if n >= len(candidates):
+        return list(candidates)
+    if n == 1:
+        return [candidates[len(candidates) // 2]]
+    return [candidates[round(i * (len(candidates) - 1) / (n - 1))] for i in range(n)]
+
+
+def pick_steps(steps: list[StepRecord], rows: int) -> tuple[list[StepRecord], str]:
+    """The run's story in at most `rows` steps, and how they were chosen, in words.
+
+    Every step with an event (admission, preemption, eviction, finish) when they fit.
+    Otherwise: the first admission, first prefix hit, first eviction, first preemption and
+    the last step; then up to half the remaining rows of preemption steps, spread over all
+    of them; then steps with events spread evenly over the whole run."""
     events = [s for s in steps if s.admitted or s.preempted or s.evicted or s.finished]
     if len(events) <= rows:
-        return events
-    keep = {id(s) for s in events if s.preempted}
-    if len(keep) >= rows:
-        return [s for s in events if id(s) in keep][:rows]
-    others = [s for s in events if id(s) not in keep]
-    room = rows - len(keep)
-    keep |= {id(others[round(i * (len(others) - 1) / max(room - 1, 1))]) for i in range(room)}
-    return [s for s in events if id(s) in keep]
+        return events, "every step with an event"
+    chosen: dict[int, StepRecord] = {}
+    named = []
+    for what, find in ANCHORS:
+        s = find(steps)
+        if s is not None and len(chosen) < rows:
+            if s.step not in chosen:
+                chosen[s.step] = s
+            named.append(what)
+    preempting = [s for s in events if s.preempted and s.step not in chosen]
+    for s in _spread(preempting, (rows - len(chosen)) // 2):
+        chosen[s.step] = s
+    from_preempt = len(chosen)
+    rest = [s for s in events if s.step not in chosen]
+    for s in _spread(rest, rows - len(chosen)):
+        chosen[s.step] = s
+    how = ", ".join(named)
+    if from_preempt > len(named):
+        how += "; preemptions spread over the run"
+    how += "; the other steps with events spread evenly"
+    return [chosen[k] for k in sorted(chosen)], how
 
 
 def _names(ids: list[str], limit: int = 4) -> str:
     return ", ".join(ids[:limit]) + (f" +{len(ids) - limit}" if len(ids) > limit else "")
 
 
+TIMELINE = ("step", "ran", "tok", "admit", "hits", "+blk", "evict", "preempt", "done", "free")
+
+
 def timeline(steps: list[StepRecord], rows: int, usable: int) -> Table:
-    shown = pick_steps(steps, rows)
-    t = Table(title=f"Step timeline ({len(shown)} of {len(steps)} steps: those with events)", title_justify="left",
-              caption="ran: requests run; tok: tokens computed; hits: prefix-hit tokens; +blk: blocks allocated; "
-              "evict: cached blocks reused", caption_justify="left")
-    for col in ("step", "ran", "tok", "admitted", "hits", "+blk", "evict", "preempted", "finished", "free"):
-        t.add_column(col, justify="right" if col not in ("admitted", "preempted", "finished") else "left")
+    shown, how = pick_steps(steps, rows)
+    t = Table(title=f"Step timeline: {len(shown)} of {len(steps)} steps ({how})", title_justify="left",
+              caption="ran: requests run; tok: tokens computed; admit: requests admitted; hits: prefix-hit tokens; "
+              "+blk: blocks allocated; evict: cached blocks reused; preempt: requests preempted; done: requests finished; "
+              "free: free blocks after the step", caption_justify="left")
+    for col in TIMELINE:
+        header(t, col, justify="left" if col in ("admit", "preempt", "done") else "right")
     for s in shown:
         t.add_row(
             str(s.step), str(s.scheduled), str(s.tokens), _names(s.admitted), str(s.hit_tokens),
@@ -57,11 +99,11 @@ def causes_table(summary: Summary) -> Table:
 
 def waste_table(summary: Summary) -> Table:
     t = Table(title="KV memory handed to requests, by use (Kwon et al. 2023, Fig. 2)", title_justify="left")
-    t.add_column("system", no_wrap=True)
+    header(t, "system", no_wrap=True)
     for c in CATEGORIES:
-        t.add_column(c.replace("fragmentation", "frag."), justify="right")
-    t.add_column("steps", justify="right")
-    t.add_column("peak run", justify="right")
+        header(t, c.replace("fragmentation", "frag."), justify="right")
+    header(t, "steps", justify="right")
+    header(t, "peak run", justify="right")
     for w in summary.waste:
         t.add_row(w.system, *(f"{v:.1%}" for v in w.shares().values()), str(w.steps), str(w.peak_running))
     return t

@@ -47,7 +47,7 @@ def simulate(
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
     no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
     at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
-    timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline (steps with events, thinned evenly); 0 hides it.")] = 30,
+    timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
     png: Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the pool occupancy over time as PNG.")] = None,
     chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the waste chart (stacked bars like Figure 2 of the vLLM paper) as SVG.")] = None,
