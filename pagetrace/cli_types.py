@@ -49,7 +49,7 @@ class AsciiFloat(types.ParamType):
             return value
         text = str(value)
         if len(text) > MAX_DIGITS or not _ASCII_FLOAT.fullmatch(text):
-            self.fail(f"{text[:MAX_DIGITS]!r} is not a number (ASCII digits, such as 0.125 or 1e-3)", param, ctx)
+            self.fail(f"{text[:MAX_DIGITS]!r} is not a decimal number (ASCII digits, such as 0.125 or 1e-3)", param, ctx)
         return float(text)
 
 

@@ -20,3 +20,8 @@ class UsageError(ValueError):
 
 class RuntimeFailure(RuntimeError):
     """A run that could not finish or whose result failed its check."""
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 block`, `2 blocks`: the one way messages count things."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"

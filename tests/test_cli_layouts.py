@@ -78,3 +78,13 @@ def test_probe_of_vllms_own_writer(capsys, isa, want, dtype):
     probe = json.loads(out)["probes"][0]
     assert (probe["isa"], probe["layout"], probe["explained_by"]) == (isa, want, [want])
     assert probe["elements"] == 2 * 3 * 64 * 3 * 32
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="checks what a user without the vllm extra gets from the example")
+def test_the_vllm_example_without_vllm_says_what_to_install(tmp_path):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "examples" / "vllm_capture.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "c.bundle")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "pip install 'pagetrace[vllm]'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "c.bundle").exists()

@@ -483,3 +483,18 @@ def test_lookup_from_options_that_would_be_ignored_are_refused(tmp_path, capsys)
     assert not (tmp_path / "x.svg").exists()
     assert_usage_error(cli(capsys, "lookup", "--request", "b"), "--request")
     assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--token", "5"), "--request")
+
+
+def test_check_header_has_no_gaps_and_counts_in_words(tmp_path, capsys):
+    """A bundle without version or backend (FlashInfer's, SGLang's) prints no empty fields;
+    one request, one token and one layer are said in the singular."""
+    from pagetrace.engines.flashinfer import write_bundle as flashinfer_bundle
+
+    k = torch.randn(NB, 2, BS, H, D)
+    path = flashinfer_bundle(tmp_path / "fi", [0, 2], [3, 1], [2], k, kv_layout="NHD", page_size=BS, num_qo_heads=4,
+                             query=torch.randn(1, 4, D), null_block=None)
+    code, out, err = cli(capsys, "check", str(path))
+    assert code == 0, out + err
+    first = out.splitlines()[0]
+    assert f"{path}: flashinfer · layout flashinfer · " in first and "  " not in first
+    assert "step 0: 1 request, 1 new token: clean" in out

@@ -289,3 +289,8 @@ def test_cruising_past_max_model_len(spec, num_blocks, block_size, max_model_len
         return trace, [(r.request_id, r.num_generated, r.finished_step) for r in reqs], pool.cached_items(), pool.queue.order()
 
     assert run(True) == run(False)
+
+
+def test_one_usable_block_is_said_in_the_singular():
+    with pytest.raises(ValueError, match="more than the 1 usable block of the pool"):
+        simulate([SimRequest("big", list(range(40)), [1])], 2, 16)

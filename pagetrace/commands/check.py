@@ -48,18 +48,22 @@ def check(
         return 0 if total == 0 else 1
     from rich.table import Table
 
+    from ..errors import plural
+
     console = stdout_console()
     engine = manifest.engine
+    isa = f"isa {engine['isa']}" if engine.get("isa") else None
+    who = " ".join(str(part) for part in (engine.get("name"), engine.get("version"), engine.get("backend"), isa) if part)  # no gaps for missing fields
     console.print(
-        f"{bundle}: {engine.get('name')} {engine.get('version', '')} {engine.get('backend', '')}{f' isa ' + str(engine['isa']) if engine.get('isa') else ''} · layout {manifest.layout.name} · "
+        f"{bundle}: {who} · layout {manifest.layout.name} · "
         f"block size {manifest.block_size} · pool {manifest.num_blocks} blocks · sharing {manifest.sharing}",
         markup=False,
         soft_wrap=True,
     )
     for st, found in results:
-        head = f"step {st.step}: {len(st.requests)} requests, {st.num_tokens} new tokens"
+        head = f"step {st.step}: {plural(len(st.requests), 'request')}, {plural(st.num_tokens, 'new token')}"
         if not found:
-            console.print(f"{head}: clean" + (f" (data checked on layers {', '.join(map(str, st.layers))})" if data else ""), markup=False)
+            console.print(f"{head}: clean" + (f" (data checked on {'layer' if len(st.layers) == 1 else 'layers'} {', '.join(map(str, st.layers))})" if data else ""), markup=False)
             continue
         console.print(f"{head}: {len(found)} violation{'s' if len(found) > 1 else ''}", markup=False)
         table = Table(box=None, pad_edge=False)

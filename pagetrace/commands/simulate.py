@@ -58,7 +58,7 @@ def simulate(
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..errors import UsageError
+    from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
     from ..sim.run import simulate as run_simulation
@@ -110,7 +110,7 @@ def simulate(
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:
-        raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {num_blocks - 1} usable blocks of {block_size} hold {pool_tokens}")
+        raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {plural(num_blocks - 1, 'usable block')} of {block_size} hold {pool_tokens}")
     if max_model_len is None:
         max_model_len = min(max(2048, longest), pool_tokens)
     elif max_model_len > pool_tokens:

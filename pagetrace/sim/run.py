@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..errors import RuntimeFailure
+from ..errors import RuntimeFailure, plural
 from .parallel import split_parallel_groups
 from .policy import KVCachePolicy, VllmPrefixCaching
 from .radix import SglangRadixCache
@@ -90,7 +90,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
         if need > usable:
             raise ValueError(
                 f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
-                f"more than the {usable} usable blocks of the pool"
+                f"more than the {plural(usable, 'usable block')} of the pool"
             )
         if len(r.prompt) + len(r.output) - 1 > max_model_len:  # it would wait for a slot it can never get
             raise ValueError(
@@ -141,7 +141,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             head = sched.waiting[0]
             raise ValueError(
                 f"request {head.request_id} needs {head.num_tokens} tokens of KV cache, more than the "
-                f"{num_blocks - 1} usable blocks of {block_size} tokens hold"
+                f"{plural(num_blocks - 1, 'usable block')} of {block_size} tokens hold"
             )
     result.num_preemptions = sched.num_preemptions
     result.causes = dict(sched.causes)
