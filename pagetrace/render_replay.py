@@ -22,9 +22,8 @@ def mapping_view(manifest, step, summary) -> MappingView:
 
 
 def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
-    e = manifest.engine
     head = Text(
-        f"{e.get('name')} {e.get('version', '')} step {step.step} layer {layer} · layout {manifest.layout.name} · "
+        f"{manifest.engine_words} step {step.step} layer {layer} · layout {manifest.layout.name} · "
         f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}\n"
         f"cache read: {summary.cache_read}"
     )

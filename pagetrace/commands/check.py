@@ -51,11 +51,8 @@ def check(
     from ..errors import plural
 
     console = stdout_console()
-    engine = manifest.engine
-    isa = f"isa {engine['isa']}" if engine.get("isa") else None
-    who = " ".join(str(part) for part in (engine.get("name"), engine.get("version"), engine.get("backend"), isa) if part)  # no gaps for missing fields
     console.print(
-        f"{bundle}: {who} · layout {manifest.layout.name} · "
+        f"{bundle}: {manifest.engine_words} · layout {manifest.layout.name} · "
         f"block size {manifest.block_size} · pool {manifest.num_blocks} blocks · sharing {manifest.sharing}",
         markup=False,
         soft_wrap=True,

@@ -73,6 +73,13 @@ class Manifest:
     def element_size(self) -> int:
         return DTYPES[self.dtype]
 
+    @property
+    def engine_words(self) -> str:
+        """`vllm 0.32.0 CPU_ATTN isa amx`, `flashinfer`: the fields the bundle has, no gaps."""
+        e = self.engine
+        isa = f"isa {e['isa']}" if e.get("isa") else None
+        return " ".join(str(part) for part in (e.get("name"), e.get("version"), e.get("backend"), isa) if part)
+
     def geometry(self, num_blocks: int | None = None) -> CacheGeometry:
         """The engine's whole cache (real addresses), or `num_blocks` stored pages of it."""
         return CacheGeometry(self.layout, self.num_blocks if num_blocks is None else num_blocks, self.block_size, self.num_kv_heads, self.head_dim, self.dtype)
