@@ -19,9 +19,9 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .blocks import cdiv
+from .blocks import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MAX_HEADS, MAX_TOKENS, cdiv
 from .dtypes import ELEMENT_SIZES, canonical_dtype
-from .errors import UsageError
+from .errors import UsageError, plural
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -55,6 +55,10 @@ class Capacity:
         return asdict(self)
 
 
+MAX_LAYERS = 4096  # no model has more attention layers; a typo is refused, not computed
+MAX_MEMORY = 2**60  # 1 EiB: past any machine's memory
+
+
 def parse_memory(text: str, option: str = "--memory") -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in UNITS:
@@ -64,6 +68,8 @@ def parse_memory(text: str, option: str = "--memory") -> int:
         raise UsageError(option, text, "is too large to be a number of bytes")
     if value < 1:
         raise UsageError(option, text, "must be at least 1 byte")
+    if value > MAX_MEMORY:
+        raise UsageError(option, text, f"is more than 1 EiB ({MAX_MEMORY:,} bytes); no KV cache is that large")
     return int(value)
 
 
@@ -118,18 +124,22 @@ def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
 
 
 def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: int | None = None) -> Capacity:
-    for option, value in (("--layers", dims.num_layers), ("--kv-heads", dims.num_kv_heads),
-                          ("--head-dim", dims.head_dim), ("--block-size", block_size)):
+    for option, value, limit in (("--layers", dims.num_layers, MAX_LAYERS), ("--kv-heads", dims.num_kv_heads, MAX_HEADS),
+                                 ("--head-dim", dims.head_dim, MAX_HEAD_DIM), ("--block-size", block_size, MAX_BLOCK_SIZE),
+                                 ("--length", length or 1, MAX_TOKENS)):
         if value < 1:
             raise UsageError(option, value, "must be at least 1")
-    if length is not None and length < 1:
-        raise UsageError("--length", length, "must be at least 1")
+        if value > limit:
+            raise UsageError(option, value, f"must be at most {limit:,}")
     size = dtype_bytes(dims.dtype)
     per_token_layer = dims.num_kv_heads * 2 * dims.head_dim * size  # K and V: head_size + head_size_v
     per_block_layer = per_token_layer * block_size
     per_block = per_block_layer * dims.num_layers
     num_blocks = memory_bytes // per_block
-    usable = max(num_blocks - 1, 0)
+    if num_blocks < 2:  # block 0 is the null block: a pool needs one more to hold a token
+        raise UsageError("--memory", memory_bytes, f"holds {plural(num_blocks, 'block')} of {per_block:,} bytes; a pool needs at least 2 "
+                         f"(block 0 is the null block), so at least {2 * per_block:,} bytes")
+    usable = num_blocks - 1
     per_request = None if length is None else cdiv(length, block_size)
     return Capacity(
         dims=dims,

@@ -208,3 +208,25 @@ def test_a_step_file_outside_the_bundle_is_a_malformed_bundle(tmp_path, capsys, 
     doc["steps"][0]["file"] = name
     (path / "manifest.json").write_text(json.dumps(doc))
     assert_usage_error(cli(capsys, "replay", str(path), "--backend", "torch"), "manifest.json: steps[0].file")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["simulate", "--block-size", "99999999"], "--block-size"),
+    (["simulate", "--max-num-seqs", "70000"], "--max-num-seqs"),
+    (["capacity", "--head-dim", "100000"], "--head-dim"),
+    (["capacity", "--layers", "99999999999"], "--layers"),
+    (["capacity", "--kv-heads", "5000"], "--kv-heads"),
+    (["capacity", "--block-size", "65537"], "--block-size"),
+    (["capacity", "--memory", "1e30"], "--memory"),
+    (["capacity", "--memory", "1MiB", "--length", "100"], "--memory"),  # holds no block: 2 MiB per block of this model
+    (["capacity", "--memory", "4194303"], "--memory"),  # one byte short of two blocks
+])
+def test_the_size_limits_hold_in_every_command(capsys, args, option):
+    assert_usage_error(cli(capsys, *args), option)
+
+
+def test_two_blocks_exactly_are_a_pool(capsys):
+    code, out, err = cli(capsys, "capacity", "--memory", "4194304", "--json")
+    doc = json.loads(out)
+    assert code == 0, err
+    assert (doc["num_blocks"], doc["usable_blocks"], doc["tokens"]) == (2, 1, 16)

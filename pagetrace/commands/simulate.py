@@ -78,6 +78,13 @@ def simulate(
             raise UsageError(option, value, f"must be at least {low}")
     if num_blocks > MAX_BLOCKS:
         raise UsageError("--num-blocks", num_blocks, f"more blocks than the simulator holds in memory (at most {MAX_BLOCKS:,})")
+    from ..blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
+
+    for option, value, limit in (("--block-size", block_size, MAX_BLOCK_SIZE), ("--max-num-seqs", max_num_seqs, MAX_SEQS),
+                                 ("--max-num-batched-tokens", max_num_batched_tokens, MAX_TOKENS), ("--max-model-len", max_model_len or 1, MAX_TOKENS),
+                                 ("--shared-prefix", shared_prefix, MAX_TOKENS)):
+        if value > limit:  # the README's size limits, as every command applies them
+            raise UsageError(option, value, f"must be at most {limit:,}")
     if requests is not None and requests < 1:
         raise UsageError("--requests", requests, "must be at least 1")
     if trace is None and (requests or 200) * n > MAX_REQUESTS:
