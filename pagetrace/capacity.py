@@ -126,7 +126,7 @@ def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
 def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: int | None = None) -> Capacity:
     for option, value, limit in (("--layers", dims.num_layers, MAX_LAYERS), ("--kv-heads", dims.num_kv_heads, MAX_HEADS),
                                  ("--head-dim", dims.head_dim, MAX_HEAD_DIM), ("--block-size", block_size, MAX_BLOCK_SIZE),
-                                 ("--length", length or 1, MAX_TOKENS)):
+                                 ("--length", 1 if length is None else length, MAX_TOKENS)):
         if value < 1:
             raise UsageError(option, value, "must be at least 1")
         if value > limit:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from typing import Annotated, Any
 
@@ -36,6 +37,24 @@ class PagetraceGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         for command in self.commands.values():
             strict_numbers(command)
+
+    # Commands are built when first asked for: turning a function's signature into a click
+    # command costs milliseconds per command, and a run needs one (bench/README: start-up).
+    def list_commands(self, ctx) -> list[str]:
+        return [*super().list_commands(ctx), *(name for name in COMMANDS if name not in self.commands)]
+
+    def get_command(self, ctx, name: str):
+        if name not in self.commands and name in COMMANDS:
+            import importlib
+
+            from typer.models import CommandInfo
+
+            module = importlib.import_module(f".commands.{name}", __package__)  # light: each imports its work when it runs
+            info = CommandInfo(name, callback=getattr(module, name), help=module.HELP, epilog=module.EPILOG)
+            command = typer.main.get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode)
+            strict_numbers(command)
+            self.add_command(command, name)
+        return super().get_command(ctx, name)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra: Any):
         """Run the CLI. Standalone (the binary, `app()`, `CliRunner().invoke(app, ...)`):
@@ -120,20 +139,9 @@ def emit_json(document: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _register() -> None:
-    import importlib
-
-    for name in ("lookup", "where", "layouts", "run", "diagram", "simulate", "capacity", "check", "replay"):
-        try:
-            module = importlib.import_module(f".commands.{name}", __package__)
-        except ModuleNotFoundError as exc:  # a command still being written
-            if exc.name != f"{__package__}.commands.{name}":
-                raise
-            continue
-        app.command(name, help=module.HELP, epilog=module.EPILOG)(getattr(module, name))
-
-
-_register()
+# the commands, in --help's order: each module (pagetrace/commands/NAME.py) is imported and made a
+# click command only when that command runs or --help lists it (PagetraceGroup.get_command)
+COMMANDS = ("lookup", "where", "layouts", "run", "diagram", "simulate", "capacity", "check", "replay")
 
 
 def _fail(message: str, code: int) -> int:
@@ -172,7 +180,7 @@ def _exit_code(call) -> int:
         sys.stdout.write(exc.format_message() + "\n")
         return 0
     except exceptions.ClickException as exc:
-        message = " ".join(exc.format_message().split())
+        message = re.sub(r"'(--?[\w-]+)'", r"\1", " ".join(exc.format_message().split()))  # option names unquoted, as in our own errors
         return _fail(message[:1].lower() + message[1:], exc.exit_code)
     except typer.Abort:
         return _fail("aborted", 1)

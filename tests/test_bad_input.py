@@ -220,6 +220,7 @@ def test_a_step_file_outside_the_bundle_is_a_malformed_bundle(tmp_path, capsys, 
     (["capacity", "--memory", "1e30"], "--memory"),
     (["capacity", "--memory", "1MiB", "--length", "100"], "--memory"),  # holds no block: 2 MiB per block of this model
     (["capacity", "--memory", "4194303"], "--memory"),  # one byte short of two blocks
+    (["capacity", "--length", "0"], "--length"),  # (a bound check once let 0 through as 1: the fuzz test found it)
 ])
 def test_the_size_limits_hold_in_every_command(capsys, args, option):
     assert_usage_error(cli(capsys, *args), option)
