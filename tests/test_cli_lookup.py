@@ -104,3 +104,15 @@ def test_wide_numbers_are_never_cut(width):
     assert 100007 in shown and all(p in table for p in shown)  # every shown entry whole, the traced one among them
     for number in ("4194304", "[block=4194304,"):
         assert number in text
+
+
+def test_seq_len_draws_the_sequence_and_bounds_the_token(capsys):
+    code, out, _ = cli(capsys, "lookup", "--seq-len", "38")
+    assert code == 0 and "38 tokens in 3 blocks" in out and "32-37 (6/16)" in out and "table's capacity" not in out
+    code, out, _ = cli(capsys, "lookup")
+    assert code == 0 and "48 tokens in 3 blocks" in out and "(drawn at the table's capacity, 48 tokens; --seq-len N draws a sequence of N)" in out
+    code, out, _ = cli(capsys, "lookup", "--seq-len", "48", "--json")
+    assert code == 0 and json.loads(out)["seq_len"] == 48  # exactly the capacity: allowed
+    assert_usage_error(cli(capsys, "lookup", "--seq-len", "49"), "--seq-len")  # one past the capacity
+    assert_usage_error(cli(capsys, "lookup", "--seq-len", "20"), "--token")  # token 20 is one past the end
+    assert_usage_error(cli(capsys, "lookup", "--seq-len", "0"), "--seq-len")

@@ -25,18 +25,19 @@ DtypeOption = Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache
 LayoutOption = Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case): an entry of the one table, `pagetrace layouts` shows each; flash*, flashinfer* and vllm-* hold K and V in one buffer, as the engines allocate them.")]
 
 
-def mapping_view(trace: TokenTrace) -> MappingView:
+def mapping_view(trace: TokenTrace, seq_len: int | None = None) -> MappingView:
     """The block mapping `lookup` draws: one sequence, the traced token highlighted.
 
-    `lookup` is given a block table, not a sequence length, so the sequence is drawn at
-    the table's full capacity (every block full): the table's blocks, the arrows and the
-    traced path are exact, and no fill is invented. `run` knows the lengths and draws them.
+    Given `seq_len` (`--seq-len`), the sequence is drawn that long, its last block partly
+    filled; without it, at the table's full capacity (every block full), and a line under
+    the map says so: the table's blocks, the arrows and the traced path are exact either way,
+    and no fill is invented. `run` knows the lengths and draws them.
     """
     g = trace.geometry
     return MappingView(
         block_size=g.block_size,
         num_blocks=g.num_blocks,
-        sequences=[SequenceMap("seq 0", capacity(trace.table, g.block_size), list(trace.table))],
+        sequences=[SequenceMap("seq 0", capacity(trace.table, g.block_size) if seq_len is None else seq_len, list(trace.table))],
         highlight=(0, trace.location.token),
     )
 
@@ -44,6 +45,7 @@ def mapping_view(trace: TokenTrace) -> MappingView:
 def lookup(
     token: Annotated[int, typer.Option(help="Token position in the sequence (0-based).")] = 20,
     table: Annotated[str, typer.Option(help="Block table: physical block of each logical block, comma-separated.")] = "7,2,15",
+    seq_len: Annotated[int | None, typer.Option(help="Tokens in the sequence, for the map (default: the table's capacity, every block full).")] = None,
     block_size: BlockSizeOption = 16,
     head_dim: HeadDimOption = 8,
     kv_heads: KvHeadsOption = 1,
@@ -94,10 +96,17 @@ def lookup(
         layout=layout,
         num_blocks=num_blocks,
     )
-    view = mapping_view(trace)
+    if seq_len is not None:
+        cap = capacity(trace.table, block_size)
+        if not 1 <= seq_len <= cap:
+            raise UsageError("--seq-len", seq_len, f"the table's {len(trace.table)} blocks of {block_size} hold 1..{cap} tokens")
+        if token >= seq_len:
+            raise UsageError("--token", token, f"a sequence of {seq_len} tokens has tokens 0..{seq_len - 1}")
+    view = mapping_view(trace, seq_len)
     saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     if json_output:
         document = trace.to_json()
+        document["seq_len"] = seq_len  # null: not given; the map then draws the table's capacity
         if saved is not None:
             document["diagrams"] = saved["written"]
         emit_json(document)
@@ -110,3 +119,5 @@ def lookup(
         from ..diagram import terminal_mapping
 
         console.print(terminal_mapping(view))
+        if seq_len is None:
+            console.print(f"(drawn at the table's capacity, {capacity(trace.table, block_size)} tokens; --seq-len N draws a sequence of N)", style="dim", highlight=False)
