@@ -787,3 +787,13 @@ def test_a_directory_path_is_refused_up_front(capsys, tmp_path):
     code = run_cli(["lookup", "--svg", str(tmp_path / "newdir") + "/"])
     err = capsys.readouterr().err
     assert code == 2 and "--svg" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_blocks_of_sequences_not_drawn_have_a_legend_entry():
+    """Past MAX_SEQUENCES the rest are summed up and their pool blocks drawn grey: the legend
+    says what the grey is, or those blocks read as free."""
+    many = [dg.SequenceMap(f"seq {i}", 20, [2 * i + 1, 2 * i + 2]) for i in range(dg.MAX_SEQUENCES + 2)]
+    source = dg.dot_source(dg.MappingView(16, 24, many))
+    assert "blocks of the 2 sequences not drawn" in source
+    few = dg.dot_source(dg.MappingView(16, 24, many[: dg.MAX_SEQUENCES]))
+    assert "sequences not drawn" not in few  # all drawn: no entry for nothing

@@ -22,6 +22,7 @@ from .style import (
     MASS_DARK_FROM,
     MASS_FILL,
     MIXED_FILL,
+    OTHERS_FILL,
     SHARED_FILL,
     SHARED_SLOT,
     SLOTS_PER_ROW,
@@ -235,6 +236,9 @@ def _legend_label(cells: Cells) -> str:
     rows = [_td(_text("legend", bold=True), colspan=2, align="left")]
     for s in cells.drawn:
         rows.append(swatch(drawn_colours(cells.drawn, s)[1]) + _td(_text(view.sequences[s].name, 9), align="left"))
+    if cells.hidden:  # their pool blocks are grey: say so, or they read as free
+        h = cells.hidden
+        rows.append(swatch(OTHERS_FILL) + _td(_text(f"blocks of the {h.count} sequences not drawn", 9), align="left"))
     if cells.shared_blocks:
         rows.append(swatch(SHARED_FILL, border=2) + _td(_text("shared by several sequences (ref count)", 9), align="left"))
     if cells.used_blocks < view.num_blocks:
