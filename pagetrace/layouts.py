@@ -31,6 +31,7 @@ Plain Python: no torch here. `CacheGeometry.element` takes ints or integer array
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -87,6 +88,11 @@ class Layout:
                 if len(parts) > 1 and (which == "value" or axis != "dim" or len(parts) > 2):
                     return True
         return False
+
+    @property
+    def block_axis(self) -> int:
+        """The axis of the raw buffer (the engine's shape) that numbers blocks."""
+        return self.raw.index("N") if self.raw else self.key.index("block")
 
     @property
     def kernel_ready(self) -> bool:
@@ -205,7 +211,10 @@ class CacheGeometry:
 
     def factors(self, which: str) -> tuple[Factor, ...]:
         """The buffer's factors with their sizes and row-major strides (`check_factors` has
-        made sure each axis's factors tile it exactly)."""
+        made sure each axis's factors tile it exactly). Computed once per geometry."""
+        return _factors(self, which)
+
+    def _resolve(self, which: str) -> tuple[Factor, ...]:
         parsed = []
         for spec in self.layout.factors(which):
             axis, div, size = _FACTOR.match(spec).groups()
@@ -242,8 +251,7 @@ class CacheGeometry:
 
     @property
     def block_axis(self) -> int:
-        """The raw buffer's axis that numbers blocks."""
-        return self.layout.raw.index("N") if self.layout.raw else self.layout.key.index("block")
+        return self.layout.block_axis
 
     def index(self, which: str, block, slot, head, dim) -> tuple:
         """Each factor's coordinate of element `dim` of (block, slot, head)'s key or value."""
@@ -307,6 +315,11 @@ class CacheGeometry:
         kv = [f for f in factors if f.axis == "kv"]
         offset = kv[0].stride * (0 if which == "key" else 1) if kv else 0
         return "  ".join(parts) + f"  + {offset}"
+
+
+@functools.lru_cache(maxsize=256)
+def _factors(geom: CacheGeometry, which: str) -> tuple[Factor, ...]:
+    return geom._resolve(which)
 
 
 def get_layout(name: str, option: str = "--layout") -> Layout:

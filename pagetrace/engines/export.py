@@ -46,7 +46,7 @@ def write_bundle(
     dtype = TORCH_DTYPES.get(str(buffers[0].dtype))
     if dtype not in DTYPES:
         raise UsageError("cache", str(buffers[0].dtype), f"a bundle stores {', '.join(TORCH_DTYPES)}")
-    block_axis = CacheGeometry(lay, 1, block_size, 1, 1, dtype).block_axis
+    block_axis = lay.block_axis
     num_blocks = int(buffers[0].shape[block_axis])
     shape = tuple(buffers[0].shape)
 

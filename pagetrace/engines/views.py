@@ -97,8 +97,7 @@ def as_tensors(raw, layout: Layout | str, bs: int, h: int, d: int):
         if not buf.is_contiguous():
             raise UsageError("kv_cache", tuple(buf.stride()), f"the '{lay.name}' layout reads a contiguous buffer")
     dtype = TORCH_NAMES.get(str(bufs["key"].dtype), "fp32")
-    probe = CacheGeometry(lay, 1, bs, h, d, dtype)
-    nb = int(bufs["key"].shape[probe.block_axis]) if bufs["key"].dim() > probe.block_axis else 0
+    nb = int(bufs["key"].shape[lay.block_axis]) if bufs["key"].dim() > lay.block_axis else 0
     geom = geometry(lay, nb, bs, h, d, dtype)
     out = []
     for which in ("key", "value"):

@@ -115,12 +115,13 @@ def probe_layer(module, cache, expected: str, dtype: str, block_size: int):
     and has no writer of its own to call."""
     import torch
 
+    from ..layouts import get_layout
     from .probe import SCRATCH_BLOCKS, learn_layout
 
     if getattr(module.attn_backend, "forward_includes_kv_cache_update", True) or not hasattr(module.impl, "do_kv_cache_update"):
         return None
     index = [slice(None)] * cache.dim()
-    index[1 if expected == "flash" else 0] = slice(0, SCRATCH_BLOCKS)  # the block axis of the engine's tensor
+    index[get_layout(expected, "layout").block_axis] = slice(0, SCRATCH_BLOCKS)  # a few blocks of the engine's tensor
     scratch = torch.empty_like(cache[tuple(index)])
 
     def write(key, value, kv_cache, slot_mapping):
@@ -243,12 +244,12 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
             sliding_window=_window(getattr(module.impl, "sliding_window", None)),
         )
+        from ..layouts import get_layout
         from .views import geometry
 
         raw = raw_buffer(cache, layout)
-        probe = geometry(layout, 1, self.block_size, module.num_kv_heads, module.head_size, DTYPE_NAMES[str(cache.dtype)])
-        block_axis = probe.block_axis
-        whole = geometry(layout, int(raw.shape[block_axis]), self.block_size, module.num_kv_heads, module.head_size, probe.dtype)
+        block_axis = get_layout(layout, "layout").block_axis
+        whole = geometry(layout, int(raw.shape[block_axis]), self.block_size, module.num_kv_heads, module.head_size, DTYPE_NAMES[str(cache.dtype)])
         if tuple(raw.shape) != whole.raw_shape() or not raw.is_contiguous():  # a cache the layout does not describe
             raise RuntimeFailure(f"{module.layer_name}: the cache {tuple(raw.shape)} (strides {tuple(raw.stride())}) is not a contiguous '{layout}' buffer {list(whole.raw_shape())}")
         self.meta["num_blocks"] = whole.num_blocks
