@@ -203,9 +203,9 @@ def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png
         steps = len(result.occupancy)
         title = f"pool occupancy: {num_blocks} blocks x {steps} steps" + (" (first steps only)" if result.occupancy_cut else "")
         if svg:
-            outputs.append((svg, pictures.occupancy_svg(result.occupancy, result.shared, title).encode()))
+            outputs.append((svg, pictures.occupancy_svg(result.occupancy, result.shared, title, result.steps).encode()))
         if png:
-            outputs.append((png, pictures.occupancy_png(result.occupancy, result.shared)))
+            outputs.append((png, pictures.occupancy_png(result.occupancy, result.shared, title, result.steps)))
     if chart:
         title = f"KV memory use, {summary.requests} requests ({num_blocks} blocks of {block_size})"
         outputs.append((chart, pictures.waste_svg(summary.waste, title).encode()))

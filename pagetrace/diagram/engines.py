@@ -77,12 +77,12 @@ def find_engine() -> tuple[str, str] | None:
     return None
 
 
-def render(source: str, fmt: str, engine: tuple[str, str]) -> bytes:
-    """Pipe DOT source through the engine: `-Tsvg` or `-Tpng` (at PNG_DPI)."""
+def render(source: str, fmt: str, engine: tuple[str, str], dpi: int = PNG_DPI) -> bytes:
+    """Pipe DOT source through the engine: `-Tsvg` or `-Tpng` (at `dpi`)."""
     import subprocess
 
     name, path = engine
-    args = [path, f"-T{fmt}"] + ([f"-Gdpi={PNG_DPI}"] if fmt == "png" else [])
+    args = [path, f"-T{fmt}"] + ([f"-Gdpi={dpi}"] if fmt == "png" else [])
     try:
         done = subprocess.run(args, input=source.encode("utf-8"), capture_output=True, timeout=RENDER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
