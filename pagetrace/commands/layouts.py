@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..cli_types import AliasChoice
+from ..errors import RuntimeFailure, UsageError
 from ..layouts import LAYOUTS, CacheGeometry, check_factors
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption
 
@@ -84,11 +85,8 @@ def layouts(
 
 
 def run_probe(isa: str, block_size: int, kv_heads: int, head_dim: int, dtype: str) -> dict:
-    from ..errors import RuntimeFailure
-
+    """Which table entry vLLM's installed CPU writer produces for `isa` and these dims."""
     if dtype not in ("fp32", "fp16", "bf16"):
-        from ..errors import UsageError
-
         raise UsageError("--dtype", dtype, "the probe writes fp32, fp16 or bf16 caches")
     try:
         import vllm._custom_ops  # noqa: F401 - loads vLLM's C++ ops
