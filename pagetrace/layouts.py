@@ -492,8 +492,8 @@ def kernel_strides(layout: Layout, which: str, tensor_strides: tuple[int, ...]) 
 
 
 def table_markdown() -> str:
-    """The README's layout table, made from `LAYOUTS` (tests/test_layout_model.py holds the
-    README to it; `pagetrace layouts --markdown` prints it)."""
+    """The documented layout table (docs/layouts.md), made from `LAYOUTS`
+    (tests/test_layout_model.py holds the page to it; `pagetrace layouts --markdown` prints it)."""
     lines = [
         "| layout | key factors (memory order) | value factors | what it is | engine |",
         "|---|---|---|---|---|",

@@ -109,8 +109,9 @@ MUTATIONS = [
 def copy_tree(dest: Path) -> None:
     for name in ("pagetrace", "tests"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md"):  # README: tests hold its layout table to the code
+    for name in ("pyproject.toml", "README.md"):  # tests hold the README and docs/ to the code
         shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "docs", dest / "docs")
 
 
 def run_tests(workdir: Path, tests: list[str], timeout: int) -> tuple[bool, float]:

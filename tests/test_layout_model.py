@@ -8,7 +8,7 @@
   amx writer cannot run);
 - the probe learns a layout from a writer written here in plain torch, and refuses a writer
   no entry explains, naming the element;
-- the README's layout table is the table.
+- the layout table in docs/layouts.md is the table.
 """
 
 from __future__ import annotations
@@ -217,11 +217,11 @@ def test_the_tags_survive_bf16_for_big_dims():
     assert (int(named["sign"][element]), int(named["token"][element]), int(named["dim"][element])) == (1, 5, 200)
 
 
-def test_readme_layout_table_is_the_table():
-    text = (ROOT / "README.md").read_text()
+def test_the_documented_layout_table_is_the_table():
+    text = (ROOT / "docs" / "layouts.md").read_text()
     found = re.search(r"<!-- layouts:begin -->\n(.*?)<!-- layouts:end -->", text, re.S)
-    assert found, "README.md has no <!-- layouts:begin --> ... <!-- layouts:end --> section"
-    assert found.group(1) == table_markdown(), "README's layout table differs: paste `pagetrace layouts --markdown` between the markers"
+    assert found, "docs/layouts.md has no <!-- layouts:begin --> ... <!-- layouts:end --> section"
+    assert found.group(1) == table_markdown(), "docs/layouts.md's table differs: paste `pagetrace layouts --markdown` between the markers"
 
 
 def test_one_layout_table_in_the_package():

@@ -1,6 +1,6 @@
-"""Every `$ pagetrace ...` example in the README's console blocks is run, and what the README
-shows must be what it prints: each shown line, in order, with `...` standing for any text
-(a line of its own: any lines). So the examples cannot drift from the code."""
+"""Every `$ pagetrace ...` example in the console blocks of README.md and docs/*.md is run, and
+what the page shows must be what it prints: each shown line, in order, with `...` standing for
+any text (a line of its own: any lines). So the examples cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -17,10 +17,21 @@ ROOT = Path(__file__).resolve().parent.parent
 NEEDS_CAPTURE = "runs on a vLLM capture; tests/test_vllm_e2e.py checks the same figures on a fresh one"
 
 
-def examples() -> list[tuple[int, str, list[str]]]:
-    """(README line, command, the output lines shown under it) for each `$ pagetrace` line."""
-    found, block, lines = [], False, (ROOT / "README.md").read_text().splitlines()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def examples() -> list[tuple[str, str, list[str]]]:
+    """(page:line, command, the output lines shown under it) for each `$ pagetrace` line."""
+    found = []
+    for page in PAGES:
+        found += examples_of(page)
+    return found
+
+
+def examples_of(page: Path) -> list[tuple[str, str, list[str]]]:
+    found, block, lines = [], False, page.read_text().splitlines()
     current = None
+    where = page.relative_to(ROOT)
     for number, line in enumerate(lines, 1):
         if line.startswith("```console"):
             block, current = True, None
@@ -32,7 +43,7 @@ def examples() -> list[tuple[int, str, list[str]]]:
             continue
         if line.startswith("$ "):
             command = line[2:].split("  #")[0].strip()
-            current = (number, command, []) if command.startswith("pagetrace ") else None
+            current = (f"{where}:{number}", command, []) if command.startswith("pagetrace ") else None
             if current:
                 found.append(current)
         elif current is not None:
@@ -57,7 +68,7 @@ def test_the_readme_has_examples():
     assert len(EXAMPLES) >= 4, EXAMPLES
 
 
-@pytest.mark.parametrize("line, command, shown", EXAMPLES, ids=[f"README:{e[0]}" for e in EXAMPLES])
+@pytest.mark.parametrize("line, command, shown", EXAMPLES, ids=[e[0] for e in EXAMPLES])
 def test_readme_example_prints_what_it_shows(tmp_path, monkeypatch, line, command, shown):
     argv = shlex.split(command)[1:]
     if any(arg.endswith(".bundle") for arg in argv):
@@ -72,5 +83,27 @@ def test_readme_example_prints_what_it_shows(tmp_path, monkeypatch, line, comman
             continue
         while at < len(printed) and not matches(want, printed[at]):
             at += 1
-        assert at < len(printed), f"README line {line}: `{command}` does not print, in this order:\n{want}\n\nit prints:\n" + "\n".join(printed)
+        assert at < len(printed), f"{line}: `{command}` does not print, in this order:\n{want}\n\nit prints:\n" + "\n".join(printed)
         at += 1
+
+
+def readme_commands() -> list[str]:
+    """The `pagetrace ...` lines of README.md's bash blocks (comments cut)."""
+    out, block = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            block = line.startswith("```bash")
+            continue
+        if block and line.startswith("pagetrace "):
+            out.append(line.split("  #")[0].strip())
+    return out
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_readme_commands_run(tmp_path, monkeypatch, command):
+    argv = shlex.split(command)[1:]
+    if any(arg.endswith((".bundle", ".json")) for arg in argv):
+        pytest.skip("reads a file the reader brings (a capture bundle, a model's config.json)")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, argv, env={"COLUMNS": "120", "TERM": "dumb"})
+    assert result.exit_code == 0, f"{command}\n{result.output}"

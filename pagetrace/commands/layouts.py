@@ -60,7 +60,7 @@ def layouts(
     num_blocks: Annotated[int, typer.Option(help="Blocks in the pool the formulas are printed for.")] = 4,
     layout: Annotated[list[str] | None, typer.Option(click_type=AliasChoice(LAYOUTS), help="Show only this layout (repeat for more).")] = None,
     probe: Annotated[list[str] | None, typer.Option(click_type=AliasChoice(CPU_ISAS), help="Probe vLLM's CPU cache writer with this ISA (repeat for more).")] = None,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as the README's Markdown (no dims) and nothing else.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as docs/layouts.md's Markdown (no dims) and nothing else.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
     import sys

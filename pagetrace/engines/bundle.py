@@ -8,7 +8,7 @@ A bundle is a folder:
 safetensors keeps shapes and dtypes but not strides, so the manifest names the cache
 layout (`pagetrace.layouts.LAYOUTS`) and each cache tensor is stored
 contiguous in the layout's raw shape, with only the blocks the step references. The
-README's "Real engines" section lists every field. Loading refuses a malformed bundle
+docs/engines.md lists every field. Loading refuses a malformed bundle
 with a `BundleError` (exit 2) naming the file and the field. The index tensors load
 through NumPy, so `check` and `lookup --from` never import torch.
 """
