@@ -81,10 +81,8 @@ def dtype_bytes(dtype: str, option: str = "--dtype") -> int:
     return ELEMENT_SIZES[name]
 
 
-def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
-    """Layers, KV heads and head size from a Hugging Face config.json (the text model's,
-    `text_config`, in a multimodal one). `num_key_value_heads` defaults to the attention
-    heads and `head_dim` to hidden_size // num_attention_heads, as in transformers."""
+def read_config(path: str) -> dict:
+    """A Hugging Face config.json, the text model's part (`text_config`) of a multimodal one."""
     try:
         cfg = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -96,16 +94,28 @@ def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     if not isinstance(cfg, dict):
         raise UsageError("--config", path, "text_config is not a JSON object")
+    return cfg
+
+
+def config_field(cfg: dict, path: str, key: str, required: bool = True) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        if required:
+            raise UsageError("--config", path, f"{key} is missing")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError("--config", path, f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
+    """Layers, KV heads and head size from a Hugging Face config.json. `num_key_value_heads`
+    defaults to the attention heads and `head_dim` to hidden_size // num_attention_heads, as
+    in transformers."""
+    cfg = read_config(path)
 
     def field(key: str, required: bool = True) -> int | None:
-        value = cfg.get(key)
-        if value is None:
-            if required:
-                raise UsageError("--config", path, f"{key} is missing")
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError("--config", path, f"{key} must be a positive integer, got {value!r}")
-        return value
+        return config_field(cfg, path, key, required)
 
     layers = field("num_hidden_layers")
     heads = field("num_attention_heads")
@@ -156,3 +166,69 @@ def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: i
         requests=None if per_request is None else usable // per_request,
         requests_closed_form=None if length is None else memory_bytes / (per_token_layer * dims.num_layers * length),
     )
+
+
+# -- the budget vLLM gives the KV cache on a device -----------------------------------------
+# vllm/v1/worker/utils.py request_memory: requested = ceil(total_memory x gpu_memory_utilization);
+# vllm/v1/worker/gpu_worker.py determine_available_memory: available KV cache memory =
+# requested - non_kv_cache_memory (the weights, the activation peak of the profiling run and
+# the memory torch does not allocate: NCCL, the CUDA context) - the CUDA-graph estimate.
+# Checked against what vLLM printed in vllm#10517 (tests/test_capacity_budget.py).
+
+
+def parameter_count(path: str) -> int:
+    """Parameters of a dense decoder-only transformer from its config.json: embeddings, per layer
+    the q/k/v/o projections (with biases where `attention_bias` says so, as Qwen2 has them), the
+    gated MLP (gate, up, down) and two norms, the final norm, and the LM head unless the
+    embeddings are tied. A mixture of experts is refused: give --weights."""
+    cfg = read_config(path)
+    if any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")):
+        raise UsageError("--config", path, "is a mixture of experts; its weights are not counted here, give --weights")
+
+    def field(key: str, required: bool = True) -> int | None:
+        return config_field(cfg, path, key, required)
+
+    hidden, layers, heads, vocab, inter = (field(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"))
+    kv_heads = field("num_key_value_heads", required=False) or heads
+    head_dim = field("head_dim", required=False) or hidden // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    bias = q + 2 * kv if cfg.get("attention_bias") or "Qwen2" in "".join(cfg.get("architectures") or []) else 0
+    per_layer = hidden * q + 2 * hidden * kv + q * hidden + bias + 3 * hidden * inter + 2 * hidden
+    lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * hidden
+    return vocab * hidden + layers * per_layer + hidden + lm_head
+
+
+def activation_estimate(path: str, tokens: int, element_size: int) -> int:
+    """A rough activation peak for vLLM's profiling run of `tokens` batched tokens: per token
+    the gated MLP's two intermediate activations and four hidden-sized buffers. A documented
+    guess, printed as one; vLLM measures it (its log: `peak_activation_memory`), pass --activation."""
+    cfg = read_config(path)
+    hidden, inter = config_field(cfg, path, "hidden_size"), config_field(cfg, path, "intermediate_size")
+    return tokens * (2 * inter + 4 * hidden) * element_size
+
+
+@dataclass(slots=True)
+class DeviceBudget:
+    total_bytes: int
+    utilization: float
+    requested_bytes: int  # ceil(total x utilization)
+    weights_bytes: int
+    weights_from: str  # "config.json: N parameters x B bytes", or "--weights"
+    activation_bytes: int
+    activation_from: str
+    non_torch_bytes: int
+    kv_cache_bytes: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def device_budget(total: int, utilization: float, weights: int, weights_from: str, activation: int, activation_from: str, non_torch: int) -> DeviceBudget:
+    if not (0 < utilization <= 1) or not math.isfinite(utilization):
+        raise UsageError("--gpu-memory-utilization", utilization, "is a share of the device's memory: above 0, at most 1")
+    requested = math.ceil(total * utilization)
+    kv = requested - weights - activation - non_torch
+    if kv <= 0:
+        raise UsageError("--gpu-memory", total, f"x {utilization} = {requested:,} bytes leaves nothing for the KV cache after the weights "
+                         f"({weights:,}), activations ({activation:,}) and non-torch memory ({non_torch:,})")
+    return DeviceBudget(total, utilization, requested, weights, weights_from, activation, activation_from, non_torch, kv)
