@@ -43,6 +43,7 @@ def test_markdown_is_the_table(capsys):
 @pytest.mark.parametrize("args, option", [
     (["--layout", "tiles"], "--layout"), (["--probe", "avx9"], "--probe"), (["--block-size", "0"], "--block-size"),
     (["--dtype", "int4"], "--dtype"), (["--head-dim", "-1"], "--head-dim"),
+    (["--markdown", "--json"], "--markdown"),  # --json is one JSON document (the fuzz test found this)
 ])
 def test_bad_input_is_one_line(capsys, args, option):
     assert_usage_error(cli(capsys, "layouts", *args), option)

@@ -1,5 +1,5 @@
 """A property-based fuzz of the command line over the argument space of `lookup`,
-`where`, `run` and `diagram` (malformed and extreme numbers, tables, paths, option
+`where`, `run`, `diagram` and `layouts` (malformed and extreme numbers, tables, paths, option
 clashes); what every invocation must do is in `fuzzing.py`. `run` cases stay tiny (torch
 backend, small pools) so a few hundred examples take seconds. PAGETRACE_FUZZ_EXAMPLES=10000
 for a long local run; PAGETRACE_FUZZ_TIMEOUT (seconds, default 120) makes a hang fail.
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 entry = st.one_of(st.integers(0, 40).map(str), st.sampled_from(["-1", "4000000", "4194304", "x", "", " 3", "٣", "1_0"]))
 table = st.one_of(st.lists(st.integers(0, 40), min_size=1, max_size=6).map(lambda t: ",".join(map(str, t))), st.lists(entry, min_size=1, max_size=4).map(",".join))
 tokens = st.one_of(st.lists(st.integers(1, 40), min_size=1, max_size=3).map(lambda t: ",".join(map(str, t))), st.sampled_from(["0", "-5", "", "38,", "1_0", "٣8", "2147483648"]))
-layout = st.sampled_from(["blocks", "nhd", "HND", "vllm", "flash", "flash-hnd", "flashinfer", "flashinfer-hnd", "paged", ""])
+layout = st.sampled_from(["blocks", "nhd", "HND", "vllm", "flash", "flash-hnd", "flashinfer", "flashinfer-hnd", "vllm-cpu", "VLLM-CPU-AMX",
+                          "vllm-hnd", "vllm-nhd", "flash-attn", "paged", ""])
 GEOMETRY = {"--block-size": number, "--head-dim": number, "--kv-heads": number, "--num-blocks": number, "--dtype": dtype, "--layout": layout}
 LOOKUP = {"--token": number, "--table": table, "--head": number, "--json": None, "--svg": path, "--dot": path, **GEOMETRY}
 WHERE = {"--slot": number, "--byte": number, "--cache": st.sampled_from(["key", "VALUE", "both"]), "--table": table, "--json": None, **GEOMETRY}
@@ -25,6 +26,8 @@ RUN = {
     "--seq": tiny, "--rows": st.sampled_from(["3", "all", "0", "-1", "x"]), "--show-heads": st.sampled_from(["0", "all", "0,0", "9", ""]),
     "--device": st.sampled_from(["cpu", "CPU", "cuda", "cuda:7", "tpu"]), "--json": None, "--dot": path,
 }
+LAYOUTS = {"--block-size": number, "--head-dim": number, "--kv-heads": number, "--num-blocks": number, "--dtype": dtype,
+           "--layout": layout, "--json": None, "--markdown": None}
 DIAGRAM = {
     "--tokens": tokens, "--table": table, "--block-size": number, "--num-blocks": number, "--seed": number, "--token": number,
     "--seq": number, "--slots": None, "--no-slots": None, "--json": None, "--svg": path, "--dot": path,
@@ -35,10 +38,11 @@ command_line = st.one_of(
     options(WHERE).map(lambda a: ["where", *a]),
     options(RUN).map(lambda a: ["run", "--backend", "torch", *a]),
     options(DIAGRAM).map(lambda a: ["diagram", *a]),
+    options(LAYOUTS).map(lambda a: ["layouts", *a]),
 )
 
 
-VALUE_OPTIONS = {name for pairs in (LOOKUP, WHERE, RUN, DIAGRAM) for name, values in pairs.items() if values is not None}
+VALUE_OPTIONS = {name for pairs in (LOOKUP, WHERE, RUN, DIAGRAM, LAYOUTS) for name, values in pairs.items() if values is not None}
 
 
 @pytest.fixture

@@ -70,6 +70,8 @@ def layouts(
     from ..layouts import make_geometry, table_markdown
 
     if markdown:
+        if json_output or probe:  # --json promises one JSON document; the probe prints its own result
+            raise UsageError("--markdown", "", f"prints the table as Markdown and nothing else; drop {'--json' if json_output else '--probe'}")
         sys.stdout.write(table_markdown())
         return
 
