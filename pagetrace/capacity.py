@@ -109,10 +109,13 @@ def config_field(cfg: dict, path: str, key: str, required: bool = True) -> int |
 
 
 def dims_from_config(path: str, dtype: str | None = None) -> ModelDims:
-    """Layers, KV heads and head size from a Hugging Face config.json. `num_key_value_heads`
-    defaults to the attention heads and `head_dim` to hidden_size // num_attention_heads, as
-    in transformers."""
-    cfg = read_config(path)
+    return dims_of(read_config(path), path, dtype)
+
+
+def dims_of(cfg: dict, path: str, dtype: str | None = None) -> ModelDims:
+    """Layers, KV heads and head size from a Hugging Face config (`read_config`; `path` names it
+    in errors). `num_key_value_heads` defaults to the attention heads and `head_dim` to
+    hidden_size // num_attention_heads, as in transformers."""
 
     def field(key: str, required: bool = True) -> int | None:
         return config_field(cfg, path, key, required)
@@ -176,12 +179,11 @@ def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: i
 # Checked against what vLLM printed in vllm#10517 (tests/test_capacity_budget.py).
 
 
-def parameter_count(path: str) -> int:
+def parameter_count(cfg: dict, path: str) -> int:
     """Parameters of a dense decoder-only transformer from its config.json: embeddings, per layer
     the q/k/v/o projections (with biases where `attention_bias` says so, as Qwen2 has them), the
     gated MLP (gate, up, down) and two norms, the final norm, and the LM head unless the
     embeddings are tied. A mixture of experts is refused: give --weights."""
-    cfg = read_config(path)
     if any(cfg.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")):
         raise UsageError("--config", path, "is a mixture of experts; its weights are not counted here, give --weights")
 
@@ -198,11 +200,10 @@ def parameter_count(path: str) -> int:
     return vocab * hidden + layers * per_layer + hidden + lm_head
 
 
-def activation_estimate(path: str, tokens: int, element_size: int) -> int:
+def activation_estimate(cfg: dict, path: str, tokens: int, element_size: int) -> int:
     """A rough activation peak for vLLM's profiling run of `tokens` batched tokens: per token
     the gated MLP's two intermediate activations and four hidden-sized buffers. A documented
     guess, printed as one; vLLM measures it (its log: `peak_activation_memory`), pass --activation."""
-    cfg = read_config(path)
     hidden, inter = config_field(cfg, path, "hidden_size"), config_field(cfg, path, "intermediate_size")
     return tokens * (2 * inter + 4 * hidden) * element_size
 

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from conftest import assert_usage_error, cli
-from pagetrace.capacity import parameter_count
+from pagetrace.capacity import parameter_count, read_config
 
 LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json, the fields that size it
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
@@ -46,7 +46,7 @@ def test_vllms_own_figures_give_vllms_block_count(capsys, config):
 
 
 def test_weights_counted_from_the_config_land_within_one_percent(capsys, config):
-    assert parameter_count(config) == 8_030_261_248  # Llama-3.1-8B: 8.03 B parameters
+    assert parameter_count(read_config(config), config) == 8_030_261_248  # Llama-3.1-8B: 8.03 B parameters
     doc = budget(capsys, "--config", config)
     assert doc["budget"]["weights_bytes"] == 8_030_261_248 * 2
     assert abs(doc["budget"]["weights_bytes"] / 2**30 - 14.9888) / 14.9888 < 0.005
@@ -61,8 +61,8 @@ def test_tied_embeddings_and_biases_count(tmp_path):
         p = tmp_path / f"c{i}.json"
         p.write_text(json.dumps(cfg))
         paths.append(str(p))
-    assert parameter_count(paths[0]) == 8_030_261_248 - 128256 * 4096  # one vocab x hidden matrix fewer
-    assert parameter_count(paths[1]) == 8_030_261_248 + 32 * (4096 + 2 * 1024)  # q, k, v biases per layer
+    assert parameter_count(read_config(paths[0]), paths[0]) == 8_030_261_248 - 128256 * 4096  # one vocab x hidden matrix fewer
+    assert parameter_count(read_config(paths[1]), paths[1]) == 8_030_261_248 + 32 * (4096 + 2 * 1024)  # q, k, v biases per layer
 
 
 def test_each_term_is_printed(capsys, config):

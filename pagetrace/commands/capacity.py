@@ -35,13 +35,14 @@ def capacity(
     max_num_batched_tokens: Annotated[int, typer.Option(help="With --gpu-memory and no --activation: the tokens of vLLM's profiling run, for the estimate.")] = 8192,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
-    from ..capacity import ModelDims, capacity as compute, dims_from_config, parse_memory
+    from ..capacity import ModelDims, capacity as compute, dims_of, parse_memory, read_config
     from ..cli import emit_json, stdout_console
 
-    dims = dims_from_config(config, dtype) if config else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")
+    cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms
+    dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")
     budget = None
     if gpu_memory is not None:
-        budget = vllm_budget(config, dims, gpu_memory, gpu_memory_utilization, weights, activation, non_torch, max_num_batched_tokens)
+        budget = vllm_budget(cfg, config, dims, gpu_memory, gpu_memory_utilization, weights, activation, non_torch, max_num_batched_tokens)
         kv_bytes = budget.kv_cache_bytes
     else:
         for option, value in (("--weights", weights), ("--activation", activation)):
@@ -76,22 +77,22 @@ def capacity(
     stdout_console().print(t)
 
 
-def vllm_budget(config, dims, gpu_memory, utilization, weights, activation, non_torch, batched_tokens):
+def vllm_budget(cfg, config, dims, gpu_memory, utilization, weights, activation, non_torch, batched_tokens):
     """vLLM's KV budget on a device, each term from an option or, where it can be, the config."""
     from ..capacity import activation_estimate, device_budget, dtype_bytes, parameter_count, parse_memory
 
     size = dtype_bytes(dims.dtype)
     if weights is not None:
         w, w_from = parse_memory(weights, "--weights"), "--weights"
-    elif config is not None:
-        n = parameter_count(config)
+    elif cfg is not None:
+        n = parameter_count(cfg, config)
         w, w_from = n * size, f"config.json: {n:,} parameters x {size} bytes"
     else:
         raise UsageError("--weights", "", "--gpu-memory needs the weights: give --config config.json or --weights BYTES")
     if activation is not None:
         a, a_from = parse_memory(activation, "--activation"), "--activation"
-    elif config is not None:
-        a = activation_estimate(config, batched_tokens, size)
+    elif cfg is not None:
+        a = activation_estimate(cfg, config, batched_tokens, size)
         a_from = f"estimate: {batched_tokens:,} tokens x (2 x intermediate + 4 x hidden) x {size} bytes; vLLM's log has the measured peak"
     else:
         raise UsageError("--activation", "", "--gpu-memory needs the activation peak: give --config (an estimate) or --activation BYTES")
