@@ -380,20 +380,6 @@ def make_geometry(
     return geom
 
 
-def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
-
-def element_offset(geom: CacheGeometry, which: str, block: int, slot: int, head: int, dim: int) -> int:
-    """Elements from the cache's base to one element of a key or value vector."""
-    return geom.element(which, block, slot, head, dim)
-
-
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A run of consecutive elements of one vector that also lie consecutively in memory."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ..errors import RuntimeFailure
 from ..layouts import LAYOUTS, CacheGeometry, check_factors
+from .views import coordinate_grid
 
 SCRATCH_BLOCKS = 3  # block 0, and two more so the block stride is seen twice
 DIGIT = 128  # one base-128 digit per pass, + 1: integers 1..128, exact in bf16
@@ -93,10 +94,8 @@ def read_back(write, scratch, raw_of, block_size: int, num_kv_heads: int, head_d
 
 def explains(named: dict, geom: CacheGeometry) -> str | None:
     """None when `geom` puts every element where the writer did; else the first element it misplaces."""
-    import torch
-
     nb, bs, h, d = geom.num_blocks, geom.block_size, geom.num_kv_heads, geom.head_dim
-    b, s, hh, dd = (torch.arange(n).view(*[n if i == k else 1 for i in range(4)]).expand(nb, bs, h, d) for k, n in enumerate((nb, bs, h, d)))
+    b, s, hh, dd = (t.expand(nb, bs, h, d) for t in coordinate_grid(nb, bs, h, d))
     total = named["sign"].numel()
     for which, sign in (("key", 1), ("value", -1)):
         where = geom.element(which, b, s, hh, dd)

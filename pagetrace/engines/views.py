@@ -76,6 +76,14 @@ def check_view(actual: KVView, expected: KVView, layout: str) -> None:
         raise UsageError(what, actual.offset, f"starts {actual.offset} elements into the buffer; the '{layout}' layout starts it at {expected.offset}")
 
 
+def coordinate_grid(nb: int, bs: int, h: int, d: int, device=None):
+    """(block, slot, head, dim) as four int64 tensors that broadcast to [nb, bs, h, d]: feed them
+    to `CacheGeometry.element` for every element's offset at once."""
+    import torch
+
+    return tuple(torch.arange(n, device=device).view(*[n if i == k else 1 for i in range(4)]) for k, n in enumerate((nb, bs, h, d)))
+
+
 def split_buffers(raw, layout: Layout) -> dict[str, object]:
     """which -> the raw buffer holding it: one buffer for both, or a (key, value) pair."""
     if layout.combined:
@@ -109,8 +117,7 @@ def as_tensors(raw, layout: Layout | str, bs: int, h: int, d: int):
         if view is not None:
             out.append(torch.as_strided(buf, view.shape, view.strides, buf.storage_offset() + view.offset))
             continue
-        b, s, hh, dd = (torch.arange(n, device=buf.device).view(*[n if i == k else 1 for i in range(4)]) for k, n in enumerate((nb, bs, h, d)))
-        out.append(buf.reshape(-1)[geom.element(which, b, s, hh, dd)])
+        out.append(buf.reshape(-1)[geom.element(which, *coordinate_grid(nb, bs, h, d, buf.device))])
     return tuple(out)
 
 
