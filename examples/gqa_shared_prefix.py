@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from pagetrace.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
-from pagetrace.plan import plan_tables
+from pagetrace.paging.plan import plan_tables
 
 SVG = Path(__file__).with_suffix(".svg")
 BLOCK_SIZE = 16

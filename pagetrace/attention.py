@@ -23,7 +23,7 @@ import torch
 
 from .attention_inputs import Batch, check_inputs
 from .errors import RuntimeFailure, UsageError
-from .layouts import get_layout
+from .paging.layouts import get_layout
 from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 from .torch_path import torch_attention
 
@@ -288,7 +288,7 @@ def paged_attention(
         query: ``[num_query_tokens, num_heads, head_dim]``, fp32, fp16 or bf16. Without
             `query_start_loc`, one token per sequence (decode).
         key_cache, value_cache: the pool of blocks, shaped by `layout` (see
-            `pagetrace.layouts.LAYOUTS`; for "nhd" ``[num_blocks, block_size,
+            `pagetrace.paging.layouts.LAYOUTS`; for "nhd" ``[num_blocks, block_size,
             num_kv_heads, head_dim]``), the query's dtype or float8_e4m3fn / float8_e5m2.
         block_tables: int32 or int64 ``[num_seqs, max_blocks]``: physical block of each
             logical block, -1 where a sequence has fewer blocks.

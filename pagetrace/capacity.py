@@ -19,8 +19,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .blocks import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MAX_HEADS, MAX_TOKENS, cdiv
-from .dtypes import ELEMENT_SIZES, canonical_dtype
+from .paging.blocks import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MAX_HEADS, MAX_TOKENS, cdiv
+from .paging.dtypes import ELEMENT_SIZES, canonical_dtype
 from .errors import UsageError, plural
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -74,7 +74,7 @@ def parse_memory(text: str, option: str = "--memory") -> int:
 
 
 def dtype_bytes(dtype: str, option: str = "--dtype") -> int:
-    """Bytes per element of a cache dtype, by any name `pagetrace.dtypes` knows (fp16, half, bfloat16, fp8, ...)."""
+    """Bytes per element of a cache dtype, by any name `pagetrace.paging.dtypes` knows (fp16, half, bfloat16, fp8, ...)."""
     name = canonical_dtype(dtype)
     if name is None:
         raise UsageError(option, dtype, f"use one of {', '.join(ELEMENT_SIZES)} (or float32, float16, half, bfloat16, fp8)")

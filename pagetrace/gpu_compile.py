@@ -127,7 +127,7 @@ def meta_inputs(config: Config):
     strides, no memory, so a 128k-token batch costs nothing."""
     import torch
 
-    from .layouts import LAYOUTS, CacheGeometry
+    from .paging.layouts import LAYOUTS, CacheGeometry
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
     meta = dict(device="meta")

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layouts import get_layout, kernel_strides
+from .paging.layouts import get_layout, kernel_strides
 
 # Arguments that change with the batch (partition length and count, table width, trace
 # width): specialising on their values (== 1, % 16) would compile new variants as a

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .layouts import get_layout
+from .paging.layouts import get_layout
 
 CANONICAL = ("block", "slot", "head", "dim")
 SPLIT = ("block", "slot", "head", "dim/x", "dim%x")  # vLLM's split key, its chunks kept apart

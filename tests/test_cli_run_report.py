@@ -130,9 +130,9 @@ def test_large_cache_gets_a_memory_note(monkeypatch):
     from types import SimpleNamespace
 
     from pagetrace import traced_run as run_command
-    from pagetrace.plan import plan_tables
+    from pagetrace.paging.plan import plan_tables
 
-    monkeypatch.setattr("pagetrace.plan.available_memory_bytes", lambda: 3 << 30)
+    monkeypatch.setattr("pagetrace.paging.plan.available_memory_bytes", lambda: 3 << 30)
     setup = SimpleNamespace(plan=plan_tables([38], None, 16, 4194304), kv_heads=1, head_dim=8, dtype="fp32")
     note = run_command.memory_note(setup)
     assert "4.0 GiB" in note and "4,194,304 blocks" in note and "3.0 GiB of memory available" in note

@@ -11,8 +11,8 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention
-from pagetrace.blocks import slot_mapping
-from pagetrace.plan import plan_tables
+from pagetrace.paging.blocks import slot_mapping
+from pagetrace.paging.plan import plan_tables
 from pagetrace.reference import reference_attention
 from pagetrace.report import TOLERANCES
 from pagetrace.workload import make_workload
@@ -245,7 +245,7 @@ def test_api_refuses_mismatched_dtypes_devices_and_tiles():
 @pytest.mark.parametrize("layout", ["hnd", "vllm", "nhd"])
 def test_kernel_on_caches_built_by_an_explicit_permute(layout):
     """The caches are laid out here by hand, from the engines' documented shapes, not
-    through `pagetrace.layouts`, and the expected output is attention over each
+    through `pagetrace.paging.layouts`, and the expected output is attention over each
     sequence's tokens gathered by plain indexing: a wrong axis order in LAYOUTS fails."""
     gen = torch.Generator().manual_seed(3)
     nb, bs, kvh, hd, heads = 9, 4, 2, 16, 4

@@ -16,7 +16,7 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention, torch_path
-from pagetrace.layouts import KERNEL_LAYOUTS, LAYOUTS
+from pagetrace.paging.layouts import KERNEL_LAYOUTS, LAYOUTS
 from pagetrace.reference import layout_cache
 
 BACKENDS = [KERNEL_BACKEND, "torch"]

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import parse_int_list
+from ..paging.blocks import parse_int_list
 from ..diagram import MappingView, SequenceMap
 
 HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
@@ -74,7 +74,7 @@ def diagram(
     from ..cli import emit_json, stderr_console, stdout_console
     from ..diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
-    from ..plan import plan_tables
+    from ..paging.plan import plan_tables
 
     check_output_paths(svg, png, dot, json=json_output)
     seq_lens = parse_int_list(tokens, "--tokens")

@@ -9,7 +9,7 @@ import typer
 
 from ..cli_types import AliasChoice
 from ..errors import RuntimeFailure, UsageError
-from ..layouts import LAYOUTS, CacheGeometry, check_factors
+from ..paging.layouts import LAYOUTS, CacheGeometry, check_factors
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption
 
 HELP = (
@@ -66,8 +66,8 @@ def layouts(
     import sys
 
     from ..cli import emit_json, stdout_console
-    from ..dtypes import canonical_dtype
-    from ..layouts import make_geometry, table_markdown
+    from ..paging.dtypes import canonical_dtype
+    from ..paging.layouts import make_geometry, table_markdown
 
     if markdown:
         if json_output or probe:  # --json promises one JSON document; the probe prints its own result

@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import capacity, parse_int_list
+from ..paging.blocks import capacity, parse_int_list
 from ..cli_types import dtype_choice, layout_choice
 from ..diagram import MappingView, SequenceMap
 from ..errors import UsageError
-from ..lookup import TokenTrace, trace_token
+from ..paging.lookup import TokenTrace, trace_token
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."

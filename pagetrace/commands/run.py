@@ -105,7 +105,7 @@ def run(
 
             console.print(terminal_mapping(view))
         if setup.token is not None:
-            from ..lookup import trace_token
+            from ..paging.lookup import trace_token
             from ..render import render_lookup
 
             console.print(render_lookup(trace_token(

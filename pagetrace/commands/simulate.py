@@ -78,7 +78,7 @@ def simulate(
             raise UsageError(option, value, f"must be at least {low}")
     if num_blocks > MAX_BLOCKS:
         raise UsageError("--num-blocks", num_blocks, f"more blocks than the simulator holds in memory (at most {MAX_BLOCKS:,})")
-    from ..blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
+    from ..paging.blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
 
     for option, value, limit in (("--block-size", block_size, MAX_BLOCK_SIZE), ("--max-num-seqs", max_num_seqs, MAX_SEQS),
                                  ("--max-num-batched-tokens", max_num_batched_tokens, MAX_TOKENS), ("--max-model-len", max_model_len or 1, MAX_TOKENS),

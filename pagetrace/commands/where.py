@@ -6,10 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import parse_int_list
+from ..paging.blocks import parse_int_list
 from ..cli_types import AliasChoice
 from ..errors import UsageError
-from ..where import Place, where_byte, where_geometry, where_slot
+from ..paging.where import Place, where_byte, where_geometry, where_slot
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption, LayoutOption
 
 HELP = "Reverse lookup: which block, offset, KV head, dim, key or value (and, given block tables, which sequence and token) a slot or a byte offset is."

@@ -23,7 +23,7 @@ import math
 import operator
 from itertools import compress
 
-from ..blocks import blocks_needed
+from ..paging.blocks import blocks_needed
 from ..errors import UsageError
 from .model import (
     AUTO_SLOTS_BLOCK_SIZE,

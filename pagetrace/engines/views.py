@@ -1,6 +1,6 @@
 """An engine's raw KV buffer read as K and V tensors, and tensors checked against a layout.
 
-The layouts are `pagetrace.layouts.LAYOUTS`, the one table every command uses. This module
+The layouts are `pagetrace.paging.layouts.LAYOUTS`, the one table every command uses. This module
 applies one to real tensors: `as_tensors` gives K and V of a raw buffer (or a (key, value)
 pair) as ``[num_blocks, block_size, H, D]`` tensors, strided views with no copy where the
 layout is affine, a gathered copy where it is tiled (vLLM's CPU amx pages); `verify` checks
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
+from ..paging.layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
 
 TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
 

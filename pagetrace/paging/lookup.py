@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from .blocks import TokenLocation, check_table, locate
-from .errors import UsageError
+from ..errors import UsageError
 from .layouts import CacheGeometry, VectorAddress, make_geometry, vector_address
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import UsageError
+from ..errors import UsageError
 
 _ENTRY = re.compile(r"-?[0-9]+")
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
 from .dtypes import ELEMENT_SIZES, canonical_dtype
-from .errors import UsageError
+from ..errors import UsageError
 
-# bytes per element of each cache dtype (the one list is pagetrace.dtypes)
+# bytes per element of each cache dtype (the one list is pagetrace.paging.dtypes)
 DTYPE_SIZES: dict[str, int] = ELEMENT_SIZES
 
 AXES = ("block", "slot", "head", "dim")  # the coordinates of one element of K or V
