@@ -30,8 +30,8 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 16
 
 def attention_mass(plan) -> list[list[float]]:
     """Per sequence, per logical block: its tokens' attention weights summed, head-averaged."""
-    from pagetrace.reference import reference_attention
-    from pagetrace.workload import make_workload
+    from pagetrace.attention.reference import reference_attention
+    from pagetrace.attention.workload import make_workload
 
     w = make_workload(plan, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, layout="nhd")
     ref = reference_attention(

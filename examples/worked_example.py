@@ -25,7 +25,7 @@ SVG = Path(__file__).with_suffix(".svg")
 def attention_mass(plan) -> list[float]:
     """Per logical block: the sum of its tokens' attention weights, as the kernel computed them."""
     from pagetrace import paged_attention
-    from pagetrace.workload import make_workload
+    from pagetrace.attention.workload import make_workload
 
     w = make_workload(plan)  # seed 0: key cache, value cache, query, as in the worked example
     _, trace = paged_attention(w.query, w.key_cache, w.value_cache, w.block_tables, w.seq_lens, layout="blocks", trace=True)

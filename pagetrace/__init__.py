@@ -30,7 +30,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "paged_attention":
-        from .attention import paged_attention
+        from .attention.api import paged_attention
 
         return paged_attention
     raise AttributeError(f"module 'pagetrace' has no attribute {name!r}")

@@ -56,7 +56,7 @@ def test_shared_and_repeated_blocks(capsys):
 
 
 def test_failed_check_exits_1(capsys, monkeypatch):
-    from pagetrace import report
+    from pagetrace.attention import report
 
     monkeypatch.setitem(report.TOLERANCES, "fp32", 0.0)
     code, out, err = cli(capsys, "run", "--tokens", "38", "--json")
@@ -131,7 +131,7 @@ def test_run_prints_the_terminal_mapping(capsys):
 @pytest.fixture
 def nan_result(monkeypatch):
     """Make the kernel's output and one logit NaN, as a read of an unused slot would."""
-    from pagetrace import attention
+    from pagetrace.attention import api as attention
 
     real = attention.paged_attention
 

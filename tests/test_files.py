@@ -26,7 +26,7 @@ DIAGRAM = ("diagram", "--tokens", "38", "--table", "7,2,15", "--num-blocks", "16
 @pytest.fixture
 def no_kernel(monkeypatch):
     """Fail the test if `run` reaches its kernel: the path checks come first."""
-    from pagetrace import attention
+    from pagetrace.attention import api as attention
 
     def kernel(*args, **kwargs):
         raise AssertionError("the kernel ran before the paths were checked")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pagetrace.errors import UsageError
 from pagetrace.paging.layouts import KERNEL_LAYOUTS, make_geometry, vector_address
 from pagetrace.paging.lookup import trace_token
-from pagetrace.reference import canonical_cache, layout_cache
+from pagetrace.attention.reference import canonical_cache, layout_cache
 
 
 def encoded_cache(num_blocks, block_size, heads, head_dim):

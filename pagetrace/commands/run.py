@@ -1,6 +1,6 @@
 """`pagetrace run`: the real paged-attention kernel, traced token by token and checked.
 
-`pagetrace.traced_run` checks the options (`prepare`) and runs and checks the kernel
+`pagetrace.attention.traced_run` checks the options (`prepare`) and runs and checks the kernel
 (`execute`); this module parses, then prints the result (or one JSON document) before it
 reports a failed check.
 """
@@ -13,7 +13,7 @@ import typer
 
 from ..cli_types import DEVICE, AliasChoice, dtype_choice, layout_choice
 from ..errors import RuntimeFailure
-from ..traced_run import (
+from ..attention.traced_run import (
     BACKEND_NAMES,
     RunResult,
     Variant,

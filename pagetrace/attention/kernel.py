@@ -20,7 +20,7 @@ stored and scaled by k_scale (scores) and v_scale (output). A second kernel merg
 partitions (max, sum, log-sum-exp) per (query token, head); with one partition (prefill
 by default, short decode contexts on the CPU) the first kernel writes the output itself.
 
-Import this module only through `pagetrace.attention`, which decides first whether
+Import this module only through `pagetrace.attention.api`, which decides first whether
 Triton runs compiled or under its interpreter (TRITON_INTERPRET is read at import).
 """
 
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .paging.layouts import get_layout, kernel_strides
+from ..paging.layouts import get_layout, kernel_strides
 
 # Arguments that change with the batch (partition length and count, table width, trace
 # width): specialising on their values (== 1, % 16) would compile new variants as a
@@ -41,7 +41,7 @@ _PARTITION_GROWING = ("partition_size", "num_parts", "stride_bts", "stride_ts", 
 _REDUCE_GROWING = ("num_parts",)
 PARTS_ALIGN = 16  # the partition axis of the work buffers is allocated in multiples of this
 
-# mask states in a trace (and in `pagetrace.reference.mask_states`)
+# mask states in a trace (and in `pagetrace.attention.reference.mask_states`)
 VISIBLE, CAUSAL_MASKED, WINDOW_MASKED, NO_KEY = 0, 1, 2, -1
 
 

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .paging.blocks import MAX_HEADS, check_size, parse_int_list
-from .errors import UsageError
-from .paging.plan import Plan
+from ..paging.blocks import MAX_HEADS, check_size, parse_int_list
+from ..errors import UsageError
+from ..paging.plan import Plan
 
 WORKED_EXAMPLE_TOKEN = 20
 MAX_SCALE = 1e6  # larger scales overflow fp32 logits
@@ -99,8 +99,8 @@ def prepare(
     seq: int, rows: str, show_heads: str | None, backend: str, device: str, json_rows: bool = False,
     variant: "Variant | None" = None,
 ) -> RunSetup:
-    from .paging.layouts import make_geometry
-    from .paging.plan import plan_tables
+    from ..paging.layouts import make_geometry
+    from ..paging.plan import plan_tables
 
     seq_lens = parse_int_list(tokens, "--tokens")
     tables = [parse_int_list(t, "--table") for t in table] if table else None
@@ -128,7 +128,7 @@ def prepare(
         raise UsageError("--token", token, f"sequence {seq} has tokens 0..{seq_lens[seq] - 1}")
     shown_heads = parse_heads(show_heads if show_heads is not None else ("all" if heads <= 4 else "0"), heads)
 
-    from .attention import resolve_backend
+    from .api import resolve_backend
 
     dev = pick_device(device)
     chosen = resolve_backend(backend, dev, seq_lens, heads, kv_heads, query_lens)
@@ -152,8 +152,8 @@ BIG_CACHE_BYTES = 256 << 20  # from here on, `run` says what it is about to allo
 
 
 def cache_size(setup: RunSetup) -> str:
-    from .paging.dtypes import ELEMENT_SIZES
-    from .paging.plan import cache_bytes, human_bytes
+    from ..paging.dtypes import ELEMENT_SIZES
+    from ..paging.plan import cache_bytes, human_bytes
 
     p = setup.plan
     need = cache_bytes(p.num_blocks, p.block_size, setup.kv_heads, setup.head_dim, ELEMENT_SIZES[setup.dtype])
@@ -163,8 +163,8 @@ def cache_size(setup: RunSetup) -> str:
 def memory_note(setup: RunSetup) -> str | None:
     """For a large cache, a line saying what it takes and what is available (the refusal
     in `workload.check_memory` already follows the machine's available memory)."""
-    from .paging.dtypes import ELEMENT_SIZES
-    from .paging.plan import available_memory_bytes, cache_bytes, human_bytes
+    from ..paging.dtypes import ELEMENT_SIZES
+    from ..paging.plan import available_memory_bytes, cache_bytes, human_bytes
 
     p = setup.plan
     if cache_bytes(p.num_blocks, p.block_size, setup.kv_heads, setup.head_dim, ELEMENT_SIZES[setup.dtype]) < BIG_CACHE_BYTES:
@@ -238,7 +238,7 @@ class RunResult:
 def execute(setup: RunSetup, all_rows: bool, status) -> RunResult:
     import torch
 
-    from .attention import paged_attention
+    from .api import paged_attention
     from .reference import gather, reference_attention
     from .report import Checks, build_report, check_slots, compare, mask_map
     from .workload import make_workload

@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from .attention_inputs import Batch
+from .inputs import Batch
 from .reference import VISIBLE, canonical_view, mask_states, reference_attention
 
 CHUNK_BYTES = 4 << 20  # one chunk of keys or values, in fp32 (measured, bench/README.md: 4 MiB is the fastest here)

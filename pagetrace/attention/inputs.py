@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
-from .paging.layouts import KERNEL_LAYOUTS, get_layout
+from ..errors import UsageError
+from ..paging.layouts import KERNEL_LAYOUTS, get_layout
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # vLLM's "fp8" / "fp8_e4m3" and "fp8_e5m2" caches

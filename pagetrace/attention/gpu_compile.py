@@ -11,7 +11,7 @@ attributes, so what is compiled here is what a GPU would launch, tile choices in
 Inputs are "meta" tensors: shapes and strides without memory, so a 128k-token batch
 costs nothing. This module must run where TRITON_INTERPRET is unset (the interpreter
 replaces the kernels); `compile_configs` starts such a process.
-    python -m pagetrace.gpu_compile < configs.json > results.json
+    python -m pagetrace.attention.gpu_compile < configs.json > results.json
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def meta_inputs(config: Config):
     strides, no memory, so a 128k-token batch costs nothing."""
     import torch
 
-    from .paging.layouts import LAYOUTS, CacheGeometry
+    from ..paging.layouts import LAYOUTS, CacheGeometry
 
     dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
     meta = dict(device="meta")
@@ -150,7 +150,7 @@ def plan_config(config: Config, arch: Arch):
     planning from lengths alone (`attention.plan_kernel` without a checked batch)."""
     import torch
 
-    from .attention import load_kernel, plan_kernel
+    from .api import load_kernel, plan_kernel
 
     kernel = load_kernel(interpret=False)
     scale = torch.empty(1, dtype=torch.float32, device="meta") if config.cache_dtype else None
@@ -339,7 +339,7 @@ def main() -> None:
     """Worker: read {"jobs": [{"config": {...}, "arch": "sm_90"}, ...], "cache": folder or null}
     on stdin; print {"missing": why nothing could compile, or "", "records": [`Compiled`, ...]}."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        sys.exit("pagetrace.gpu_compile: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
+        sys.exit("pagetrace.attention.gpu_compile: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
     request = json.load(sys.stdin)
     missing = [arch for arch in {job["arch"] for job in request["jobs"]} if ptxas_path(ARCHS[arch].capability) is None]
     if missing:

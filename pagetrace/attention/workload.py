@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
-from .paging.layouts import CacheGeometry, make_geometry
-from .paging.plan import Plan, available_memory_bytes, cache_bytes, human_bytes
+from ..errors import UsageError
+from ..paging.layouts import CacheGeometry, make_geometry
+from ..paging.plan import Plan, available_memory_bytes, cache_bytes, human_bytes
 from .reference import layout_cache, slots_of
 
 TORCH_DTYPES = {

@@ -8,7 +8,7 @@ partition length) cycled through it; then fp8 caches, and prefill (BLOCK_Q > 1) 
 masking feature, over every layout, head_dim, group and trace setting. `representative`
 is the part CI compiles.
 
-The workers run `python -m pagetrace.gpu_compile` without TRITON_INTERPRET, so this module
+The workers run `python -m pagetrace.attention.gpu_compile` without TRITON_INTERPRET, so this module
 works from a process that runs the interpreter (the test suite). No torch or triton here.
 """
 
@@ -133,7 +133,7 @@ def compile_configs(
     procs = []
     for start in range(0, len(work), size):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pagetrace.gpu_compile"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "pagetrace.attention.gpu_compile"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=env, cwd=root,
         )
         procs.append((proc, json.dumps({"jobs": work[start : start + size], "cache": str(cache)})))

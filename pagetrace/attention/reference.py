@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .paging.layouts import get_layout
+from ..paging.layouts import get_layout
 
 CANONICAL = ("block", "slot", "head", "dim")
 SPLIT = ("block", "slot", "head", "dim/x", "dim%x")  # vLLM's split key, its chunks kept apart
@@ -53,7 +53,7 @@ def slots_of(table: list[int], seq_len: int, block_size: int) -> torch.Tensor:
     return torch.as_tensor(table, dtype=torch.long).cpu()[t // block_size] * block_size + t % block_size
 
 
-# mask states, as the kernel's trace writes them (pagetrace.kernel has the same numbers)
+# mask states, as the kernel's trace writes them (pagetrace.attention.kernel has the same numbers)
 VISIBLE, CAUSAL_MASKED, WINDOW_MASKED, NO_KEY = 0, 1, 2, -1
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .paging.blocks import BlockSpan, coverage
-from .paging.plan import Plan
+from ..paging.blocks import BlockSpan, coverage
+from ..paging.plan import Plan
 from .reference import slots_of
 
 # |paged - contiguous| <= TOL * (1 + |contiguous|), per cache dtype (fp32 accumulation).

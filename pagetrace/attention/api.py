@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention_inputs import Batch, check_inputs
-from .errors import RuntimeFailure, UsageError
-from .paging.layouts import get_layout
+from .inputs import Batch, check_inputs
+from ..errors import RuntimeFailure, UsageError
+from ..paging.layouts import get_layout
 from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 from .torch_path import torch_attention
 
@@ -69,14 +69,14 @@ def _want_interpreter() -> bool:
 
 
 def load_kernel(interpret: bool):
-    """Import `pagetrace.kernel` compiled or interpreted; returns the module.
+    """Import `pagetrace.attention.kernel` compiled or interpreted; returns the module.
 
     Triton's interpreter replaces its language functions when triton is first imported,
     so it can be chosen only before that: a process that imported triton without
     TRITON_INTERPRET=1 can run the compiled kernel only, and one with it the
     interpreted kernel only.
     """
-    if interpret and "pagetrace.kernel" not in sys.modules and not _want_interpreter():
+    if interpret and "pagetrace.attention.kernel" not in sys.modules and not _want_interpreter():
         if "triton" in sys.modules:
             raise RuntimeFailure(
                 "Triton's interpreter cannot run: this process imported triton before TRITON_INTERPRET=1 was set; "
@@ -142,7 +142,7 @@ def plan_kernel(
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
     num_sms: int | None = None, partition_size: int | None = None, block_n: int | None = None,
 ):
-    """The kernel's launches for this call (`pagetrace.kernel.LaunchPlan`), tiles chosen for
+    """The kernel's launches for this call (`pagetrace.attention.kernel.LaunchPlan`), tiles chosen for
     the device: what `paged_attention` runs, and what a compile check compiles.
 
     `batch` comes from `check_inputs`; without it (a compile check, tensors on the "meta"
