@@ -94,7 +94,7 @@ MUTATIONS = [
     Mutation("report: slot check compares with itself", "pagetrace/attention/report.py", "torch.nonzero(got != want)", "torch.nonzero(got != got)", RUN_TESTS + ["tests/test_report.py"]),
     Mutation("report: block mass misses the last token", "pagetrace/attention/report.py", "cumulative[span.last_token + 1] - cumulative[span.first_token]", "cumulative[span.last_token] - cumulative[span.first_token]", RUN_TESTS),
     Mutation("render_run: repeated blocks need three", "pagetrace/commands/run.py", "if n > 1}", "if n > 2}", RUN_TESTS),
-    Mutation("render_run: plural always", "pagetrace/render_run.py", 'noun = what if count != 1 else what.removesuffix("s")', "noun = what", RUN_TESTS),
+    Mutation("render_run: plural always", "pagetrace/views/run.py", 'noun = what if count != 1 else what.removesuffix("s")', "noun = what", RUN_TESTS),
     Mutation("run: torch backend claims the kernel check", "pagetrace/commands/run.py", '("slots", slots_line(checks, kernel_ran=s.backend != "torch")),', '("slots", slots_line(checks, kernel_ran=True)),', RUN_TESTS),
     # where
     Mutation("where: owner token without offset", "pagetrace/paging/where.py", "SlotOwner(s, logical, logical * block_size + offset)", "SlotOwner(s, logical, logical * block_size)", WHERE_TESTS),

@@ -90,7 +90,7 @@ def test_wide_numbers_are_never_cut(width):
     from rich.console import Console
 
     from pagetrace.paging.lookup import trace_token
-    from pagetrace.render import render_lookup
+    from pagetrace.views.text import render_lookup
 
     table = list(range(100001, 100014))
     console = Console(width=width, record=True, color_system=None)

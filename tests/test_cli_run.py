@@ -107,7 +107,7 @@ def test_memory_refusal_says_how_much(capsys):
 
 
 def test_run_draws_the_mapping_with_attention_mass(capsys, tmp_path):
-    from pagetrace.diagram import find_engine
+    from pagetrace.views.diagram import find_engine
 
     if find_engine() is None:  # scripts/gpu_check.sh runs this file on a GPU image without Graphviz
         pytest.skip("no Graphviz engine")
@@ -176,7 +176,7 @@ def test_show_heads_are_deduplicated(capsys):
 
 
 def test_a_nan_result_with_diagrams_still_prints_and_fails_cleanly(capsys, nan_result, tmp_path):
-    from pagetrace.diagram import find_engine
+    from pagetrace.views.diagram import find_engine
 
     if find_engine() is None:
         pytest.skip("no Graphviz engine")

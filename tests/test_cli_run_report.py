@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import cli
 
-from pagetrace.render_run import hidden_rows
+from pagetrace.views.run import hidden_rows
 from pagetrace.attention.report import TOLERANCES, compare
 
 

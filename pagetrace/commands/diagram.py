@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ..paging.blocks import parse_int_list
-from ..diagram import MappingView, SequenceMap
+from ..views.diagram import MappingView, SequenceMap
 
 HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
 EPILOG = "Example: pagetrace diagram --tokens 38 --table 7,2,15 --token 20 --svg mapping.svg --png mapping.png"
@@ -39,7 +39,7 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     if svg is None and png is None and dot is None:
         return None
     from ..cli import stderr_console
-    from ..diagram import check_output_paths, find_engine, write_diagrams
+    from ..views.diagram import check_output_paths, find_engine, write_diagrams
     from ..files import STDOUT
 
     check_output_paths(svg, png, dot)
@@ -72,7 +72,7 @@ def diagram(
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
     from ..cli import emit_json, stderr_console, stdout_console
-    from ..diagram import check_output_paths, check_view, layout_cells, terminal_mapping
+    from ..views.diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
     from ..paging.plan import plan_tables
 

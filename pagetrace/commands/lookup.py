@@ -8,7 +8,7 @@ import typer
 
 from ..paging.blocks import capacity, parse_int_list
 from ..cli_types import dtype_choice, layout_choice
-from ..diagram import MappingView, SequenceMap
+from ..views.diagram import MappingView, SequenceMap
 from ..errors import UsageError
 from ..paging.lookup import TokenTrace, trace_token
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
@@ -62,7 +62,7 @@ def lookup(
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
     from ..cli import emit_json
-    from ..diagram import check_output_paths
+    from ..views.diagram import check_output_paths
 
     if from_bundle is not None:
         from ..engines.address import bundle_lookup, render_bundle_lookup
@@ -111,12 +111,12 @@ def lookup(
             document["diagrams"] = saved["written"]
         emit_json(document)
         return
-    from ..render import render_lookup
+    from ..views.text import render_lookup
 
     console = report_console(svg, png, dot)
     console.print(render_lookup(trace))
     if saved is None:
-        from ..diagram import terminal_mapping
+        from ..views.diagram import terminal_mapping
 
         console.print(terminal_mapping(view))
         if seq_len is None:

@@ -30,11 +30,11 @@ def replay(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
     from ..cli import emit_json, stdout_console
-    from ..diagram import check_output_paths
+    from ..views.diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
     from ..errors import RuntimeFailure, UsageError
-    from ..render_replay import mapping_view
+    from ..views.replay import mapping_view
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     manifest = read_manifest(bundle)
@@ -71,7 +71,7 @@ def replay(
             doc["diagrams"] = saved["written"] if saved else []
         emit_json(doc)
     else:
-        from ..render_replay import render_replay
+        from ..views.replay import render_replay
 
         stdout_console().print(render_replay(manifest, st, layer, summary, ROWS))
     if diagram_failure is not None:

@@ -67,7 +67,7 @@ def run(
     partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
     from ..cli import emit_json, stderr_console
-    from ..diagram import MappingView, SequenceMap, check_output_paths
+    from ..views.diagram import MappingView, SequenceMap, check_output_paths
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     variant = Variant(query_len, query, sliding_window, soft_cap, alibi, k_scale, v_scale, partition_size)
@@ -101,12 +101,12 @@ def run(
         console = report_console(svg, png, dot)
         console.print(render(result))
         if saved is None and diagram_failure is None:
-            from ..diagram import terminal_mapping
+            from ..views.diagram import terminal_mapping
 
             console.print(terminal_mapping(view))
         if setup.token is not None:
             from ..paging.lookup import trace_token
-            from ..render import render_lookup
+            from ..views.text import render_lookup
 
             console.print(render_lookup(trace_token(
                 setup.token, setup.plan.tables[setup.seq], block_size=setup.plan.block_size, head_dim=setup.head_dim,
@@ -124,7 +124,7 @@ def run(
 
 
 def render(result: RunResult):
-    from ..render_run import check_line, render_run
+    from ..views.run import check_line, render_run
 
     s, plan, checks = result.setup, result.setup.plan, result.checks
     name = BACKEND_NAMES[s.backend]

@@ -161,7 +161,7 @@ def simulate(
         }
         emit_json(doc)
         return
-    from ..render_sim import render_simulation
+    from ..views.sim import render_simulation
 
     err = stderr_console()
     for path in written:
@@ -196,7 +196,7 @@ def _step_json(s) -> dict:
 
 def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks) -> list[str]:
     from ..files import write_outputs
-    from ..sim import pictures
+    from ..views import sim_pictures as pictures
 
     outputs: list[tuple[str, bytes]] = []
     if svg or png:
@@ -211,7 +211,7 @@ def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png
         outputs.append((chart, pictures.waste_svg(summary.waste, title).encode()))
     written = write_outputs(outputs) if outputs else []
     if tables_svg or tables_png:
-        from ..diagram import MappingView, SequenceMap, write_diagrams
+        from ..views.diagram import MappingView, SequenceMap, write_diagrams
 
         tables = result.tables_at[at]
         by_id = {r.request_id: r for r in result.requests}

@@ -12,8 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..errors import RuntimeFailure
-from ..files import STDOUT, check_outputs, write_outputs
+from ...errors import RuntimeFailure
+from ...files import STDOUT, check_outputs, write_outputs
 from .dot import dot_source
 from .model import MappingView
 from .outputs import requested_outputs

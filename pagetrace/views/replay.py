@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .diagram import MappingView, SequenceMap
-from .render import header
+from .text import header
 
 
 def mapping_view(manifest, step, summary) -> MappingView:

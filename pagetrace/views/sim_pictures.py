@@ -15,8 +15,8 @@ import zlib
 from dataclasses import dataclass
 from html import escape
 
-from .baselines import CATEGORIES, Waste
-from .run import CACHED, FREE
+from ..sim.baselines import CATEGORIES, Waste
+from ..sim.run import CACHED, FREE
 
 # The pool over time, by state: what a reader wants to see is how full the pool is, how much of
 # it is cached for later hits, where blocks are shared, and when the engine evicted or preempted.
@@ -251,7 +251,7 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
 def _text_png(text: str, size: int, bold: bool, engine) -> tuple[int, int, list[bytes]]:
     """One line of text rendered by the Graphviz engine the diagrams use (its own font, at 72
     dpi: a point is a pixel, as in the SVG)."""
-    from ..diagram.engines import render
+    from .diagram.engines import render
 
     label = f"<<B>{escape(text)}</B>>" if bold else f"<{escape(text)}>"
     source = (f'digraph{{graph[margin=0 pad=0 bgcolor=white]; node[shape=plaintext margin=0 width=0 height=0 '
@@ -266,7 +266,7 @@ def _hex(rgb: tuple[int, int, int]) -> str:
 def occupancy_png(rows: list[list[int]], shared: list[list[int]], title: str = "", steps=(), engine=None) -> bytes:
     """The same picture as `occupancy_svg`, as a PNG: the same frame, colours and ticks; the text
     drawn by the Graphviz engine the diagrams use (without one, the picture has no text)."""
-    from ..diagram.engines import find_engine
+    from .diagram.engines import find_engine
 
     states = block_states(rows, shared)
     f = frame_of(states)

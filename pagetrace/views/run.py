@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .attention.report import Checks, SequenceReport, rows_to_show
+from ..attention.report import Checks, SequenceReport, rows_to_show
 
 BAR_WIDTH = 8
 MAX_STYLE = "bold green"

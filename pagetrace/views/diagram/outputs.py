@@ -23,6 +23,6 @@ def check_output_paths(
     `write_diagrams` then raises RuntimeFailure and leaves no file half written."""
     requested = requested_outputs(svg, png, dot)
     if requested:  # none: nothing to load
-        from ..files import check_outputs
+        from ...files import check_outputs
 
         check_outputs(requested, stdout_taken_by="--json" if json else None)

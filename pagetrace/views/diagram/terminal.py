@@ -22,7 +22,7 @@ def terminal_mapping(view: MappingView):
     from rich.console import Group
     from rich.text import Text
 
-    from ..render import HIGHLIGHT
+    from ..text import HIGHLIGHT
 
     cells = layout_cells(view, max_seq_cells=TERMINAL_SEQ_CELLS)
     parts: list = []

@@ -6,8 +6,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .paging.layouts import VectorAddress, runs_text
-from .paging.lookup import TokenTrace
+from ..paging.layouts import VectorAddress, runs_text
+from ..paging.lookup import TokenTrace
 
 HIGHLIGHT = "bold black on yellow"
 

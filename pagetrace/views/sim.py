@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from .render import header
-from .sim.baselines import CATEGORIES
-from .sim.scheduler import StepRecord
-from .sim.summary import Summary
+from .text import header
+from ..sim.baselines import CATEGORIES
+from ..sim.scheduler import StepRecord
+from ..sim.summary import Summary
 
 
 ANCHORS = (  # (what, the step it picks) in the order the title names them
