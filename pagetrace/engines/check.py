@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from .bundle import Manifest, Step
+from .views import pool_views
 
 WANT_DTYPES = {"query_start_loc": "int32", "seq_lens": "int32", "block_table": "int32", "slot_mapping": "int64"}
 
@@ -184,8 +185,6 @@ class Checker:
 
     def data(self, layer: int, tensors: dict) -> None:
         """The new tokens' K and V, read back through the layout, equal what the layer wrote."""
-        from .replay import pool_views
-
         if "new_key" not in tensors:
             return
         s, bs = self.s, self.m.block_size

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import RuntimeFailure
 from .bundle import Manifest, Step
-from .views import as_tensors
+from .views import pool_views
 
 
 def cache_read(manifest: Manifest) -> str:
@@ -25,14 +25,6 @@ def cache_read(manifest: Manifest) -> str:
     if manifest.layout.tiled:
         return f"one copy into [block, slot, head, dim] order: the '{manifest.layout.name}' layout is tiled, no strides read it"
     return f"strided views of the stored pages, no copy ('{manifest.layout.name}' layout)"
-
-
-def pool_views(manifest: Manifest, step: Step, tensors: dict):
-    """(key, value, compact): the stored pages as ``[stored_blocks, bs, H, D]`` views, and
-    physical block -> pool block."""
-    raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
-    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
-    return key, value, {b: i for i, b in enumerate(step.blocks)}
 
 
 @dataclass(slots=True)

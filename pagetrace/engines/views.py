@@ -140,3 +140,12 @@ def verify(key, value, raw, layout: str) -> tuple[KVView, KVView]:
         check_view(got, want, lay.name)
         found.append(got)
     return found[0], found[1]
+
+
+def pool_views(manifest, step, tensors: dict):
+    """(key, value, compact): the stored pages of a bundle's step (`bundle.Manifest`,
+    `bundle.Step`) as ``[stored_blocks, bs, H, D]`` views, and physical block -> pool block.
+    `check` and `replay` both read the pages this way."""
+    raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
+    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    return key, value, {b: i for i, b in enumerate(step.blocks)}
