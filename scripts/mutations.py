@@ -100,9 +100,9 @@ MUTATIONS = [
     Mutation("where: owner token without offset", "pagetrace/paging/where.py", "SlotOwner(s, logical, logical * block_size + offset)", "SlotOwner(s, logical, logical * block_size)", WHERE_TESTS),
     Mutation("where: the cache option ignored", "pagetrace/paging/where.py", 'geom.coordinates(element, None if geom.layout.combined else which)', 'geom.coordinates(element, None)', WHERE_TESTS + LAYOUT_MODEL_TESTS),
     # the command line
-    Mutation("cli: unicode digits accepted", "pagetrace/cli_types.py", '_ASCII_INT = re.compile(r"-?[0-9]+")', '_ASCII_INT = re.compile(r"-?\\d+")', CLI_TESTS),
+    Mutation("cli: unicode digits accepted", "pagetrace/commands/options.py", '_ASCII_INT = re.compile(r"-?[0-9]+")', '_ASCII_INT = re.compile(r"-?\\d+")', CLI_TESTS),
     Mutation("cli: usage errors exit 1", "pagetrace/cli.py", "        return _fail(str(exc), 2)", "        return _fail(str(exc), 1)", CLI_TESTS),
-    Mutation("cli: aliases ignored", "pagetrace/cli_types.py", "canonical = self.aliases.get(text.lower(), text)", "canonical = text", CLI_TESTS),
+    Mutation("cli: aliases ignored", "pagetrace/commands/options.py", "canonical = self.aliases.get(text.lower(), text)", "canonical = text", CLI_TESTS),
 ]
 
 

@@ -227,7 +227,7 @@ def test_the_documented_layout_table_is_the_table():
 def test_one_layout_table_in_the_package():
     """No second table or naming scheme: only layouts.py builds a `Layout`, and the names the
     engines' adapters and the CLI offer are the table's."""
-    from pagetrace.cli_types import layout_choice
+    from pagetrace.commands.options import layout_choice
 
     for path in (ROOT / "pagetrace").rglob("*.py"):
         text = path.read_text()

@@ -36,7 +36,7 @@ def capacity(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
     from ..sim.capacity import ModelDims, capacity as compute, dims_of, parse_memory, read_config
-    from ..cli import emit_json, stdout_console
+    from .output import emit_json, stdout_console
 
     cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms
     dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")

@@ -23,7 +23,7 @@ DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Wr
 def report_console(svg: str | None, png: str | None, dot: str | None):
     """Where a command prints its report: stdout, or stderr when a file option is `-`
     (stdout then carries that file and nothing else)."""
-    from ..cli import stderr_console, stdout_console
+    from .output import stderr_console, stdout_console
     from ..files import STDOUT
 
     return stderr_console() if STDOUT in (svg, png, dot) else stdout_console()
@@ -38,7 +38,7 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     """
     if svg is None and png is None and dot is None:
         return None
-    from ..cli import stderr_console
+    from .output import stderr_console
     from ..views.diagram import check_output_paths, find_engine, write_diagrams
     from ..files import STDOUT
 
@@ -71,7 +71,7 @@ def diagram(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
-    from ..cli import emit_json, stderr_console, stdout_console
+    from .output import emit_json, stderr_console, stdout_console
     from ..views.diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
     from ..paging.plan import plan_tables

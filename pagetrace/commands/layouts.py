@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli_types import AliasChoice
+from .options import AliasChoice
 from ..errors import RuntimeFailure, UsageError
 from ..paging.layouts import LAYOUTS, CacheGeometry, check_factors
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption
@@ -65,7 +65,7 @@ def layouts(
 ) -> None:
     import sys
 
-    from ..cli import emit_json, stdout_console
+    from .output import emit_json, stdout_console
     from ..paging.dtypes import canonical_dtype
     from ..paging.layouts import make_geometry, table_markdown
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..paging.blocks import capacity, parse_int_list
-from ..cli_types import dtype_choice, layout_choice
+from .options import dtype_choice, layout_choice
 from ..views.diagram import MappingView, SequenceMap
 from ..errors import UsageError
 from ..paging.lookup import TokenTrace, trace_token
@@ -61,7 +61,7 @@ def lookup(
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
-    from ..cli import emit_json
+    from .output import emit_json
     from ..views.diagram import check_output_paths
 
     if from_bundle is not None:
@@ -76,7 +76,7 @@ def lookup(
         if json_output:
             emit_json(document)
         else:
-            from ..cli import stdout_console
+            from .output import stdout_console
 
             stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
         return

@@ -114,12 +114,12 @@ DEVICE = DeviceType()
 
 
 def dtype_choice() -> AliasChoice:
-    from .paging.dtypes import ALIASES, CacheDtype
+    from ..paging.dtypes import ALIASES, CacheDtype
 
     return AliasChoice(CacheDtype, ALIASES)
 
 
 def layout_choice(kernel_only: bool = False) -> AliasChoice:
-    from .paging.layouts import KERNEL_LAYOUTS, LAYOUTS, OLD_NAMES
+    from ..paging.layouts import KERNEL_LAYOUTS, LAYOUTS, OLD_NAMES
 
     return AliasChoice(KERNEL_LAYOUTS, {}) if kernel_only else AliasChoice(LAYOUTS, OLD_NAMES)

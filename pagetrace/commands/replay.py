@@ -29,7 +29,7 @@ def replay(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
-    from ..cli import emit_json, stdout_console
+    from .output import emit_json, stdout_console
     from ..views.diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli_types import DEVICE, AliasChoice, dtype_choice, layout_choice
+from .options import DEVICE, AliasChoice, dtype_choice, layout_choice
 from ..errors import RuntimeFailure
 from ..attention.traced_run import (
     BACKEND_NAMES,
@@ -66,7 +66,7 @@ def run(
     v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
     partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
-    from ..cli import emit_json, stderr_console
+    from .output import emit_json, stderr_console
     from ..views.diagram import MappingView, SequenceMap, check_output_paths
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work

@@ -57,7 +57,7 @@ def simulate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
-    from ..cli import emit_json, stderr_console, stdout_console
+    from .output import emit_json, stderr_console, stdout_console
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -177,7 +177,7 @@ def _nothing():
 
 def _progress(total: int, quiet: bool):
     """A progress bar on stderr for long runs in a terminal."""
-    from ..cli import stderr_console
+    from .output import stderr_console
 
     console = stderr_console()
     if quiet or total < 2000 or not console.is_terminal:
