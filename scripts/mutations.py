@@ -86,7 +86,7 @@ MUTATIONS = [
     Mutation("kernel: key ignores the KV head", "pagetrace/attention/kernel.py", "k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh", "k_token = physical * stride_kb + offset * stride_ko", KERNEL_TESTS),
     Mutation("kernel: rescale factor inverted", "pagetrace/attention/kernel.py", "alpha = tl.exp(m_i - m_safe)", "alpha = tl.exp(m_safe - m_i)", KERNEL_TESTS),
     Mutation("kernel: traced slot without offset", "pagetrace/attention/kernel.py", "t * stride_tt, physical * block_size + offset, mask=first_head)", "t * stride_tt, physical * block_size, mask=first_head)", KERNEL_TESTS + ["tests/test_cli_run.py::test_run_json_carries_every_row"]),
-    Mutation("launcher: block-table strides swapped", "pagetrace/attention/kernel.py", "*block_tables.stride(),", "*reversed(block_tables.stride()),", KERNEL_TESTS),
+    Mutation("launcher: block-table strides swapped", "pagetrace/attention/launch.py", "*block_tables.stride(),", "*reversed(block_tables.stride()),", KERNEL_TESTS),
     # run's check and report
     Mutation("report: fp32 tolerance x1000", "pagetrace/attention/report.py", '"fp32": 1e-5', '"fp32": 1e-2', RUN_TESTS),
     Mutation("report: bf16 tolerance x1000", "pagetrace/attention/report.py", '"bf16": 1.6e-2', '"bf16": 16.0', RUN_TESTS),

@@ -142,7 +142,7 @@ def plan_kernel(
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, out: torch.Tensor | None = None,
     num_sms: int | None = None, partition_size: int | None = None, block_n: int | None = None,
 ):
-    """The kernel's launches for this call (`pagetrace.attention.kernel.LaunchPlan`), tiles chosen for
+    """The kernel's launches for this call (`pagetrace.attention.launch.LaunchPlan`), tiles chosen for
     the device: what `paged_attention` runs, and what a compile check compiles.
 
     `batch` comes from `check_inputs`; without it (a compile check, tensors on the "meta"
@@ -164,7 +164,9 @@ def plan_kernel(
     else:  # decode on a GPU (one token per sequence: BLOCK_Q 1 whatever the rows), or the interpreter
         rows, gpu_n = INTERPRET_ROWS, gpu_block_n(head_dim, query.element_size())
     block_q = query_block(batch.query_lens, group, rows)
-    tiles = kernel.query_tiles(batch.query_lens, block_q, query.device)
+    from .launch import plan_launches, query_tiles  # after load_kernel: `kernel` is its argument
+
+    tiles = query_tiles(batch.query_lens, block_q, query.device)
     if on_gpu:
         block_n = block_n or gpu_n
         num_sms = num_sms or sm_count(query.device)
@@ -173,7 +175,7 @@ def plan_kernel(
         block_n = block_n or INTERPRET_BLOCK_N
         partition_size = partition_size or interpret_partition_size(max_seq_len, block_q, block_n)
     check_tiles(partition_size, block_n)
-    return kernel.plan_launches(
+    return plan_launches(
         query, key_cache, value_cache, block_tables, seq_lens, batch.query_start_loc,
         layout=layout, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=batch.alibi_slopes,
         k_scale=batch.k_scale, v_scale=batch.v_scale, out=out, trace=trace,
