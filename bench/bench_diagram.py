@@ -23,9 +23,9 @@ SVG and PNG renders.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
-import os
 import time
 
 from pagetrace.views.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render, terminal_mapping

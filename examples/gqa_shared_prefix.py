@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pagetrace.views.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
 from pagetrace.paging.plan import plan_tables
+from pagetrace.views.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
 
 SVG = Path(__file__).with_suffix(".svg")
 BLOCK_SIZE = 16

@@ -6,8 +6,8 @@ triton load only when `paged_attention` (or the `run` command) is first used.
 
 from __future__ import annotations
 
-from .paging.blocks import TokenLocation, coverage, locate, slot_mapping
 from .errors import RuntimeFailure, UsageError
+from .paging.blocks import TokenLocation, coverage, locate, slot_mapping
 from .paging.layouts import LAYOUTS, make_geometry, vector_address
 from .paging.lookup import trace_token
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .inputs import Batch, check_inputs
 from ..errors import RuntimeFailure, UsageError
 from ..paging.layouts import get_layout
+from .inputs import Batch, check_inputs
 from .reference import NO_KEY, VISIBLE, reference_attention, slots_of
 from .torch_path import torch_attention
 

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..paging.blocks import MAX_HEADS, check_size, parse_int_list
 from ..errors import UsageError
+from ..paging.blocks import MAX_HEADS, check_size, parse_int_list
 from ..paging.plan import Plan
 
 WORKED_EXAMPLE_TOKEN = 20

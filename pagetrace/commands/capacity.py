@@ -35,7 +35,8 @@ def capacity(
     max_num_batched_tokens: Annotated[int, typer.Option(help="With --gpu-memory and no --activation: the tokens of vLLM's profiling run, for the estimate.")] = 8192,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
-    from ..sim.capacity import ModelDims, capacity as compute, dims_of, parse_memory, read_config
+    from ..sim.capacity import ModelDims, dims_of, parse_memory, read_config
+    from ..sim.capacity import capacity as compute
     from .output import emit_json, stdout_console
 
     cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms

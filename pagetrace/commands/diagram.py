@@ -23,8 +23,8 @@ DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Wr
 def report_console(svg: str | None, png: str | None, dot: str | None):
     """Where a command prints its report: stdout, or stderr when a file option is `-`
     (stdout then carries that file and nothing else)."""
-    from .output import stderr_console, stdout_console
     from ..files import STDOUT
+    from .output import stderr_console, stdout_console
 
     return stderr_console() if STDOUT in (svg, png, dot) else stdout_console()
 
@@ -38,9 +38,9 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     """
     if svg is None and png is None and dot is None:
         return None
-    from .output import stderr_console
-    from ..views.diagram import check_output_paths, find_engine, write_diagrams
     from ..files import STDOUT
+    from ..views.diagram import check_output_paths, find_engine, write_diagrams
+    from .output import stderr_console
 
     check_output_paths(svg, png, dot)
     engine = find_engine() if (svg is not None or png is not None) else None
@@ -71,10 +71,10 @@ def diagram(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
-    from .output import emit_json, stderr_console, stdout_console
-    from ..views.diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
     from ..paging.plan import plan_tables
+    from ..views.diagram import check_output_paths, check_view, layout_cells, terminal_mapping
+    from .output import emit_json, stderr_console, stdout_console
 
     check_output_paths(svg, png, dot, json=json_output)
     seq_lens = parse_int_list(tokens, "--tokens")

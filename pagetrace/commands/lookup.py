@@ -6,12 +6,12 @@ from typing import Annotated
 
 import typer
 
-from ..paging.blocks import capacity, parse_int_list
-from .options import dtype_choice, layout_choice
-from ..views.diagram import MappingView, SequenceMap
 from ..errors import UsageError
+from ..paging.blocks import capacity, parse_int_list
 from ..paging.lookup import TokenTrace, trace_token
+from ..views.diagram import MappingView, SequenceMap
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
+from .options import dtype_choice, layout_choice
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
@@ -61,8 +61,8 @@ def lookup(
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
-    from .output import emit_json
     from ..views.diagram import check_output_paths
+    from .output import emit_json
 
     if from_bundle is not None:
         from ..engines.address import bundle_lookup, render_bundle_lookup

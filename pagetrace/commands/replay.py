@@ -29,12 +29,12 @@ def replay(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
-    from .output import emit_json, stdout_console
-    from ..views.diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
     from ..errors import RuntimeFailure, UsageError
+    from ..views.diagram import check_output_paths
     from ..views.replay import mapping_view
+    from .output import emit_json, stdout_console
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     manifest = read_manifest(bundle)

@@ -11,8 +11,6 @@ from typing import Annotated
 
 import typer
 
-from .options import DEVICE, AliasChoice, dtype_choice, layout_choice
-from ..errors import RuntimeFailure
 from ..attention.traced_run import (
     BACKEND_NAMES,
     RunResult,
@@ -21,7 +19,9 @@ from ..attention.traced_run import (
     memory_note,
     prepare,
 )
+from ..errors import RuntimeFailure
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
+from .options import DEVICE, AliasChoice, dtype_choice, layout_choice
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -66,8 +66,8 @@ def run(
     v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
     partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
-    from .output import emit_json, stderr_console
     from ..views.diagram import MappingView, SequenceMap, check_output_paths
+    from .output import emit_json, stderr_console
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     variant = Variant(query_len, query, sliding_window, soft_cap, alibi, k_scale, v_scale, partition_size)

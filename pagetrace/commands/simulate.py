@@ -57,7 +57,6 @@ def simulate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
-    from .output import emit_json, stderr_console, stdout_console
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -65,6 +64,7 @@ def simulate(
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
     from ..sim.workload import MAX_REQUESTS, SyntheticSpec, parse_trace, synthetic
+    from .output import emit_json, stderr_console, stdout_console
 
     # -- check every option before any work --
     if policy not in POLICIES:

@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from ..paging.blocks import parse_int_list
-from .options import AliasChoice
 from ..errors import UsageError
+from ..paging.blocks import parse_int_list
 from ..paging.where import Place, where_byte, where_geometry, where_slot
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption, LayoutOption
+from .options import AliasChoice
 
 HELP = "Reverse lookup: which block, offset, KV head, dim, key or value (and, given block tables, which sequence and token) a slot or a byte offset is."
 EPILOG = "Example: pagetrace where --byte 1152 --table 7,2,15   (token 20's key in the worked example); pagetrace where --slot 36 --table 7,2,15"

@@ -3,8 +3,8 @@ engine's cache, through the same layout arithmetic as `lookup`. Plain Python and
 
 from __future__ import annotations
 
-from ..paging.blocks import locate
 from ..errors import RuntimeFailure, UsageError
+from ..paging.blocks import locate
 from ..paging.layouts import runs_text, vector_address
 from ..paging.lookup import address_json
 from .bundle import read_manifest, read_step

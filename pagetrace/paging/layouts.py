@@ -35,9 +35,9 @@ import functools
 import re
 from dataclasses import dataclass
 
+from ..errors import UsageError
 from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
 from .dtypes import ELEMENT_SIZES, canonical_dtype
-from ..errors import UsageError
 
 # bytes per element of each cache dtype (the one list is pagetrace.paging.dtypes)
 DTYPE_SIZES: dict[str, int] = ELEMENT_SIZES

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .blocks import TokenLocation, check_table, locate
 from ..errors import UsageError
+from .blocks import TokenLocation, check_table, locate
 from .layouts import CacheGeometry, VectorAddress, make_geometry, vector_address
 
 

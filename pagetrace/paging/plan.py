@@ -12,8 +12,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_SEQS, MAX_TOKENS, blocks_needed, cdiv, check_size, check_table
 from ..errors import UsageError
+from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_SEQS, MAX_TOKENS, blocks_needed, cdiv, check_size, check_table
 
 WORKED_EXAMPLE_TABLE = [7, 2, 15]
 WORKED_EXAMPLE_POOL = 16

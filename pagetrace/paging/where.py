@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .blocks import check_table
 from ..errors import UsageError
+from .blocks import check_table
 from .layouts import CacheGeometry, make_geometry, shown_order
 
 DEFAULT_NUM_BLOCKS = 16  # the worked example's pool, as `lookup --table 7,2,15` has it

@@ -19,9 +19,9 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import UsageError, plural
 from ..paging.blocks import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MAX_HEADS, MAX_TOKENS, cdiv
 from ..paging.dtypes import ELEMENT_SIZES, canonical_dtype
-from ..errors import UsageError, plural
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -5,11 +5,10 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from .text import header
 from ..sim.baselines import CATEGORIES
 from ..sim.scheduler import StepRecord
 from ..sim.summary import Summary
-
+from .text import header
 
 ANCHORS = (  # (what, the step it picks) in the order the title names them
     ("the first admission", lambda steps: next((s for s in steps if s.admitted), None)),

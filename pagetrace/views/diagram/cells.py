@@ -23,8 +23,8 @@ import math
 import operator
 from itertools import compress
 
-from ...paging.blocks import blocks_needed
 from ...errors import UsageError
+from ...paging.blocks import blocks_needed
 from .model import (
     AUTO_SLOTS_BLOCK_SIZE,
     MAX_POOL_CELLS,

@@ -27,9 +27,9 @@ from .style import (
     SHARED_SLOT,
     SLOTS_PER_ROW,
     TRACE,
+    drawn_colours,
     mass_class,
     percent,
-    drawn_colours,
     span,
 )
 
