@@ -136,7 +136,8 @@ def chunk_sizes(kib: list[int]) -> None:
     import torch
     import torch.nn.functional as F
 
-    from pagetrace import paged_attention, torch_path
+    from pagetrace import paged_attention
+    from pagetrace.attention import torch_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     args, k, v = paged_inputs(32, 8, 128, 4096, 1)

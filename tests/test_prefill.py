@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
-from pagetrace import paged_attention, torch_path
+from pagetrace import paged_attention
+from pagetrace.attention import torch_path
 from pagetrace.paging.layouts import KERNEL_LAYOUTS, LAYOUTS
 from pagetrace.attention.reference import layout_cache
 
