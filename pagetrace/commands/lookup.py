@@ -1,7 +1,5 @@
 """`pagetrace lookup`: the two-level lookup for one token, down to the byte."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

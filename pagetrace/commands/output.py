@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from typing import Any
@@ -33,6 +32,8 @@ def _finite(value: Any) -> Any:
 
 def emit_json(document: Any) -> None:
     """Write exactly one JSON document on stdout (non-finite numbers become null)."""
+    import json  # not at the top: the commands' text output needs none of it
+
     try:
         text = json.dumps(document, indent=2, allow_nan=False)
     except ValueError:

@@ -15,7 +15,7 @@ launcher, its trace check and the diagrams all use these functions.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
 
@@ -32,8 +32,7 @@ MAX_SEQS = 65535  # a CUDA grid's y and z axes stop there
 MAX_TOKENS = 2**31 - 1  # seq_lens are int32
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLocation:
+class TokenLocation(NamedTuple):
     """Where one token of a sequence lives in the paged cache."""
 
     token: int
@@ -44,8 +43,7 @@ class TokenLocation:
     slot: int  # physical_block * block_size + offset: flat index over all slots
 
 
-@dataclass(frozen=True, slots=True)
-class BlockSpan:
+class BlockSpan(NamedTuple):
     """One logical block of a sequence and the tokens it holds."""
 
     logical_block: int

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
 from .blocks import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_HEAD_DIM, MAX_HEADS, check_size
@@ -50,8 +50,7 @@ _FACTOR = re.compile(r"^(block|slot|head|dim|kv)(?:/(\w+))?(?:%(\w+))?$")
 _OPTIONS = {"block": "--num-blocks", "slot": "--block-size", "head": "--kv-heads", "dim": "--head-dim"}
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(NamedTuple):
     name: str
     summary: str
     source: str  # where the engine defines it
@@ -167,8 +166,7 @@ OLD_NAMES = {"flash-attn": "flash", "flashinfer-nhd": "flashinfer"}
 KERNEL_LAYOUTS = tuple(name for name, layout in LAYOUTS.items() if layout.kernel_ready)
 
 
-@dataclass(frozen=True, slots=True)
-class Factor:
+class Factor(NamedTuple):
     """One factor of a buffer: coordinate (axis // div) % size, at `stride` elements."""
 
     name: str
@@ -178,8 +176,7 @@ class Factor:
     stride: int
 
 
-@dataclass(frozen=True, slots=True)
-class CacheGeometry:
+class CacheGeometry(NamedTuple):
     """The sizes that fix a paged cache's shape."""
 
     layout: Layout
@@ -380,8 +377,7 @@ def make_geometry(
     return geom
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(NamedTuple):
     """A run of consecutive elements of one vector that also lie consecutively in memory."""
 
     first_dim: int
@@ -389,8 +385,7 @@ class Chunk:
     elements: int
 
 
-@dataclass(frozen=True, slots=True)
-class VectorAddress:
+class VectorAddress(NamedTuple):
     """Where one token's key (or value) vector for one KV head lies in its cache buffer."""
 
     which: str  # "key" or "value"

@@ -7,15 +7,14 @@ Plain Python: no torch here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
 from .blocks import TokenLocation, check_table, locate
 from .layouts import CacheGeometry, VectorAddress, make_geometry, vector_address
 
 
-@dataclass(frozen=True, slots=True)
-class TokenTrace:
+class TokenTrace(NamedTuple):
     table: list[int]
     geometry: CacheGeometry
     head: int

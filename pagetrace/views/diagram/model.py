@@ -11,7 +11,7 @@ import bisect
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import NamedTuple
 
 # -- what gets drawn ----------------------------------------------------------
 
@@ -45,29 +45,18 @@ class MappingView:
     show_slots: bool | None = None  # None: only when block_size is small and the pool small
 
 
-class _BlockRun:
-    """Blocks first..last drawn as one cell. Its port (and SVG id) is PREFIX and the range:
+def _run_blocks(cell) -> int:
+    return cell.last - cell.first + 1
+
+
+def _run_port(prefix: str) -> property:
+    """A cell stands for blocks first..last. Its port (and SVG id) is the prefix and the range:
     l<i> or l<i>_<j> for logical blocks, p<b> or p<b>_<c> for physical ones."""
-
-    __slots__ = ()
-    PREFIX: ClassVar[str] = ""
-    first: int
-    last: int
-
-    @property
-    def blocks(self) -> int:
-        return self.last - self.first + 1
-
-    @property
-    def port(self) -> str:
-        return f"{self.PREFIX}{self.first}" if self.first == self.last else f"{self.PREFIX}{self.first}_{self.last}"
+    return property(lambda cell: f"{prefix}{cell.first}" if cell.first == cell.last else f"{prefix}{cell.first}_{cell.last}")
 
 
-@dataclass(frozen=True, slots=True)
-class LogicalCell(_BlockRun):
+class LogicalCell(NamedTuple):
     """One drawn cell of a sequence: logical blocks first..last, mapped to physical..+n."""
-
-    PREFIX: ClassVar[str] = "l"
 
     seq: int
     first: int
@@ -82,6 +71,9 @@ class LogicalCell(_BlockRun):
     causal: int = 0  # keys of the cell the query token does not see: after it
     window: int = 0  # and too far before it (sliding window)
 
+    blocks = property(_run_blocks)
+    port = _run_port("l")
+
     @property
     def tokens(self) -> int:
         return self.last_token - self.first_token + 1
@@ -91,11 +83,8 @@ class LogicalCell(_BlockRun):
         return self.causal + self.window
 
 
-@dataclass(frozen=True, slots=True)
-class PoolCell(_BlockRun):
+class PoolCell(NamedTuple):
     """One drawn cell of the pool: physical blocks first..last."""
-
-    PREFIX: ClassVar[str] = "p"
 
     first: int
     last: int  # inclusive
@@ -103,6 +92,9 @@ class PoolCell(_BlockRun):
     used: int  # blocks of the cell that some sequence maps
     fill: int | None = None  # a one-block used cell: how many of its slots hold tokens
     traced_slot: int | None = None  # offset of the traced token, in the traced block
+
+    blocks = property(_run_blocks)
+    port = _run_port("p")
 
     @property
     def kind(self) -> str:
@@ -114,8 +106,7 @@ class PoolCell(_BlockRun):
         return "shared" if len(self.owners) > 1 else "used"
 
 
-@dataclass(frozen=True, slots=True)
-class Traced:
+class Traced(NamedTuple):
     """The highlighted token and where the two-level lookup puts it."""
 
     seq: int
@@ -125,8 +116,7 @@ class Traced:
     physical: int
 
 
-@dataclass(frozen=True, slots=True)
-class HiddenSequences:
+class HiddenSequences(NamedTuple):
     """The sequences not drawn, summed up in one cell: how many, their tokens and blocks."""
 
     count: int
