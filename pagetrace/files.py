@@ -117,7 +117,7 @@ def _check_folder(option: str, path: str, folder: str) -> None:
 
 
 # the format each file option writes, and the extensions that name a format
-OPTION_FORMATS = {"--svg": "svg", "--png": "png", "--dot": "dot", "--chart": "svg", "--tables-svg": "svg", "--tables-png": "png"}
+OPTION_FORMATS = {"--svg": "svg", "--png": "png", "--dot": "dot", "--chart": "svg", "--tables-svg": "svg", "--tables-png": "png", "--html": "html"}
 EXTENSION_FORMATS = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".gif": "gif", ".webp": "webp", ".json": "json", ".html": "html"}
 OPTION_FOR_FORMAT = {"svg": "--svg", "png": "--png", "dot": "--dot"}
 
