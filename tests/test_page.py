@@ -238,3 +238,86 @@ def test_replay_page(browser, tmp_path, shots):
         assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
     assert not_blank(o.page.screenshot(path=str(shots / "replay-1280x800.png"), full_page=True))
     o.close()
+
+
+SIMULATIONS = {
+    "default": [],
+    # a small pool: preemptions, prefix-cache hits of a shared system prompt, evictions
+    "pressure": ["--requests", "60", "--num-blocks", "120", "--shared-prefix", "64"],
+    "sglang": ["--requests", "40", "--num-blocks", "120", "--shared-prefix", "64", "--policy", "sglang"],
+}
+
+
+@pytest.mark.parametrize("name", SIMULATIONS)
+def test_simulate_slider_shows_the_tables_of_at_n(browser, capsys, tmp_path, shots, name):
+    args = SIMULATIONS[name]
+    page = tmp_path / "sim.html"
+    code, out, err = cli(capsys, "simulate", *args, "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    assert {k: v for k, v in data.items() if k not in ("history", "steps_total", "written", "request_ids")} == \
+        {k: v for k, v in doc.items() if k not in ("steps", "written")}
+    from pagetrace.page.sim_data import MAX_STEPS
+
+    everything = doc["steps"]
+    steps = data["history"]["steps"]  # what the slider holds
+    assert data["steps_total"] == len(everything)
+    if len(everything) <= MAX_STEPS:
+        assert steps == everything
+    else:  # spread evenly, each its own step's record
+        by_step = {s["step"]: s for s in everything}
+        assert len(steps) == MAX_STEPS and all(by_step[s["step"]]["used_blocks"] == s["used_blocks"] for s in steps)
+    events = [i for i, s in enumerate(steps) if s["preempted"]][:2] + [i for i, s in enumerate(steps) if s["hit_tokens"]][:1]
+    picks = sorted({0, 1, 63, 64, 65, len(steps) // 2, len(steps) - 1, *events} & set(range(len(steps))))
+    o = Opened(browser, page)
+    p = o.page
+    for i in picks:
+        n = steps[i]["step"]
+        code, out, err = cli(capsys, "simulate", *args, "--at", str(n), "--json")
+        assert code == 0, err
+        at = json.loads(out)
+        want = {rid: ",".join(map(str, b)) for rid, b in at["tables_at"][str(n)].items() if b}
+        p.locator("#step").fill(str(i))
+        assert p.inner_text("#s-step") == str(n)
+        items = p.locator("#table-list li")
+        got = {items.nth(j).get_attribute("data-request"): items.nth(j).get_attribute("data-blocks") for j in range(items.count())}
+        assert got == want, f"step {n}"
+        record = next(s for s in at["steps"] if s["step"] == n)
+        free, used, cached, shared = (int(p.get_attribute("#pool", f"data-{k}")) for k in ("free", "used", "cached", "shared"))
+        assert used == record["used_blocks"] and 0 <= shared <= used
+        if "sglang" not in args:  # vLLM's free queue holds the cached blocks too
+            assert free + cached == record["free_blocks"]
+        assert p.inner_text("#s-running") == str(record["running"])
+        if record["preempted"]:
+            assert record["preempted"][0] in p.inner_text("#s-preempted")
+    p.focus("#step")
+    p.keyboard.press("Home")
+    p.keyboard.press("ArrowRight")
+    assert p.inner_text("#s-step") == str(steps[1]["step"])
+    p.click("#play")
+    for _ in range(100):  # play advances a step every 120 ms (the page's CSP refuses wait_for_function's eval)
+        if int(p.input_value("#step")) > 3:
+            break
+        p.wait_for_timeout(50)
+    p.click("#play")
+    assert int(p.input_value("#step")) > 3
+    assert not_blank(p.screenshot(path=str(shots / f"simulate-{name}-1280x800.png"), full_page=True))
+    o.close()
+
+
+def test_large_simulate_page_is_summarised(capsys, tmp_path):
+    from pagetrace.page.sim_data import MAX_STEPS
+
+    page = tmp_path / "sim.html"
+    code, out, err = cli(capsys, "simulate", "--requests", "3000", "--arrival-rate", "4", "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    h = data["history"]
+    assert len(doc["steps"]) > MAX_STEPS and len(h["steps"]) == MAX_STEPS and data["steps_total"] == len(doc["steps"])
+    by_step = {s["step"]: s for s in doc["steps"]}
+    for s in h["steps"][:: MAX_STEPS // 10]:
+        full = by_step[s["step"]]
+        assert {k: v for k, v in s.items() if not k.endswith("_count") and k not in ("admitted", "preempted", "finished")} == \
+            {k: v for k, v in full.items() if k not in ("admitted", "preempted", "finished")}
+    assert "spread evenly" in h["note"]
+    assert page.stat().st_size < 1_000_000

@@ -311,7 +311,7 @@
     document.getElementById("config").textContent =
       `${c.policy} cache · ${int(c.num_blocks)} blocks of ${c.block_size} · ${int(doc.summary.requests)} requests · ${int(doc.summary.steps)} steps · ` +
       `prefix caching ${c.prefix_caching ? "on" : "off"} · chunked prefill ${c.chunked_prefill ? "on" : "off"} · hit rate ${fmt(doc.summary.hit_rate, 3)}`;
-    const names = doc.requests.map((r) => r.id);
+    const names = doc.requests ? doc.requests.map((r) => r.id) : doc.request_ids;
     const slider = el("input", { type: "range", id: "step", min: 0, max: steps.length - 1, value: 0, step: 1, "aria-label": "step" });
     const play = el("button", { id: "play", type: "button", text: "▶ play" });
     const prev = el("button", { type: "button", text: "◀ step", "aria-label": "previous step" });
@@ -373,16 +373,15 @@
     }
     function drawPool(p) {
       const [free, used, cached, shared] = p;
-      const total = free + used, W = 640;
-      const svg = sv("svg", { viewBox: `0 0 ${W} 56`, role: "img", "aria-label": `pool: ${free} free (${cached} of them cached), ${used} used (${shared} shared)` });
+      const total = free + cached + used, W = 640;
+      const svg = sv("svg", { viewBox: `0 0 ${W} 28`, role: "img", "aria-label": `pool: ${free} free, ${cached} cached, ${used} used (${shared} of them shared)` });
       let x = 0;
-      for (const [n, colour, words] of [[free - cached, "var(--free)", "free"], [cached, "var(--cached)", "cached"], [used - shared, "var(--used)", "used"], [shared, "var(--shared)", "shared"]]) {
+      for (const [n, colour, words] of [[free, "var(--free)", "free"], [cached, "var(--cached)", "cached"], [used - shared, "var(--used)", "used"], [shared, "var(--shared)", "shared"]]) {
         const w = total ? (W * n) / total : 0;
         svg.append(sv("rect", { x, y: 0, width: w, height: 28, fill: colour, stroke: "#333", "stroke-width": 0.5 }, undefined));
         x += w;
       }
-      svg.append(sv("text", { x: 0, y: 46 }, `free ${int(free - cached)} · cached ${int(cached)} · used ${int(used - shared)} · shared ${int(shared)}  (of ${int(total)} usable)`));
-      pool.replaceChildren(svg);
+      pool.replaceChildren(svg, el("p", { id: "pool-counts", text: `free ${int(free)} · cached ${int(cached)} · used by one request ${int(used - shared)} · shared ${int(shared)}  (of ${int(total)} usable blocks)` }));
       pool.dataset.free = free; pool.dataset.used = used; pool.dataset.cached = cached; pool.dataset.shared = shared;
     }
     let timer = null;
