@@ -29,6 +29,16 @@ class SimResult:
     prefix_requests: int = 0  # SGLang's parallel-sampling prefix requests among `requests` (parallel.py)
     history: object = None  # history.TableHistory when asked for (simulate --html)
 
+    def __repr__(self) -> str:
+        from ..notebook import sim_result_text
+
+        return sim_result_text(self)
+
+    def _repr_html_(self) -> str:  # the summary and a chart of the blocks in use, in a notebook
+        from ..notebook import sim_result_html
+
+        return sim_result_html(self)
+
 
 def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[int], list[int]]:
     pool = policy.pool
