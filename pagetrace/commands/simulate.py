@@ -11,6 +11,7 @@ EPILOG = (
     "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
     "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
 )
+PAGE_STEPS = 1000  # --html: the steps the slider holds at most (pagetrace/page/sim_data.py MAX_STEPS); the pool is counted at 500 to 1,000 of them
 MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
 
 
@@ -140,7 +141,7 @@ def simulate(
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
-                                    policy=policy, record_history=html is not None)
+                                    policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:

@@ -289,7 +289,7 @@
         // the path: logical block -> table entry -> physical block -> slot
         const a = lpos.get(lb), b = ppos.get(phys);
         const sx = (off % perRow) * (cw + gap) + cw / 2, sy = slotTop + Math.floor(off / perRow) * (ch + gap);
-        if (a && b) svg.append(sv("path", { d: `M${a[0]},${a[1]} L${b[0]},${b[1]} M${b[0]},${b[1] + ph} L${sx},${sy}`, class: "path", "data-path": "token" }));
+        if (a && b) svg.insertBefore(sv("path", { d: `M${a[0]},${a[1]} L${b[0]},${b[1]} M${b[0]},${b[1] + ph} L${sx},${sy}`, class: "path", "data-path": "token" }), svg.firstChild);
         y = slotEnd + 8;
       }
       svg.setAttribute("viewBox", `-2 0 ${W + 4} ${y}`);
@@ -331,13 +331,14 @@
         el("section", { "aria-label": "block tables" }, el("h2", { text: "Running requests' block tables" }), tables)));
 
     // block tables by replaying the per-step changes from step 0 (checkpoints every 64 kept steps)
-    const checkpoints = new Map();
+    const checkpoints = new Map(); // kept step -> the tables before its changes (never handed out: copied both ways)
+    const copyTables = (m) => new Map([...m].map(([r, b]) => [r, b.slice()]));
     function tablesAt(i) {
       if (h.tables_until !== null && i > h.tables_until) return null;
       let start = 0, cur = new Map();
-      for (let k = i - (i % 64); k > 0; k -= 64) if (checkpoints.has(k)) { start = k; cur = new Map(checkpoints.get(k)); break; }
+      for (let k = i - (i % 64); k > 0; k -= 64) if (checkpoints.has(k)) { start = k; cur = copyTables(checkpoints.get(k)); break; }
       for (let k = start; k <= i; k++) {
-        if (k % 64 === 0 && k > 0 && !checkpoints.has(k)) checkpoints.set(k, new Map([...cur].map(([a, b]) => [a, b.slice()])));
+        if (k % 64 === 0 && k > 0 && !checkpoints.has(k)) checkpoints.set(k, copyTables(cur));
         const d = h.tables[k];
         if (!d) continue;
         for (const r of d.drop || []) cur.delete(r);
@@ -372,7 +373,8 @@
       tables.replaceChildren(el("p", { id: "t-count", text: `${items.length} request(s) hold blocks after step ${s.step}` }), el("ul", { class: "reqlist", id: "table-list" }, ...items));
     }
     function drawPool(p) {
-      const [free, used, cached, shared] = p;
+      const [free, used, counted, shared] = p;
+      const cached = counted === null ? 0 : counted; // null: a pool too large to count them (free includes them)
       const total = free + cached + used, W = 640;
       const svg = sv("svg", { viewBox: `0 0 ${W} 28`, role: "img", "aria-label": `pool: ${free} free, ${cached} cached, ${used} used (${shared} of them shared)` });
       let x = 0;
@@ -381,7 +383,7 @@
         svg.append(sv("rect", { x, y: 0, width: w, height: 28, fill: colour, stroke: "#333", "stroke-width": 0.5 }, undefined));
         x += w;
       }
-      pool.replaceChildren(svg, el("p", { id: "pool-counts", text: `free ${int(free)} · cached ${int(cached)} · used by one request ${int(used - shared)} · shared ${int(shared)}  (of ${int(total)} usable blocks)` }));
+      pool.replaceChildren(svg, el("p", { id: "pool-counts", text: `free ${int(free)} · cached ${counted === null ? "not counted (free includes them)" : int(cached)} · used by one request ${int(used - shared)} · shared ${int(shared)}  (of ${int(total)} usable blocks)` }));
       pool.dataset.free = free; pool.dataset.used = used; pool.dataset.cached = cached; pool.dataset.shared = shared;
     }
     let timer = null;

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 MAX_STEPS = 1000  # steps the slider holds; longer runs keep this many, spread evenly
 MAX_NAMES = 8  # request ids listed per event (admitted, preempted, finished); the count is kept
-MAX_TABLE_INTS = 80_000  # block ids the page carries for the tables; past that, counts only
+MAX_TABLE_INTS = 40_000  # block ids the page carries for the tables; past that, counts only
 MAX_REQUESTS = 2000  # requests listed in full; a larger run keeps the ids of those in the kept tables only
 
 
@@ -38,7 +38,11 @@ def _diff(before: dict[int, list[int]], now: dict[int, list[int]]) -> dict:
 def simulate_page_doc(doc: dict, history) -> dict:
     """`doc` (simulate --json's document) with `history`: {steps, tables, pool, hit_rate, ...}."""
     steps = doc["steps"]
-    keep = kept_steps(len(steps))
+    # the steps whose pool was counted (every stride-th); none for a large pool, counted from the tables below
+    counted = sorted(history.pool) or list(range(len(steps)))
+    keep = [counted[i] for i in kept_steps(len(counted))]
+    usable = doc["config"]["num_blocks"] - 1
+    pools: list[list] = []
     prompt = {r["id"]: r["prompt_tokens"] for r in doc["requests"]}
     seen: set[str] = set()
     hits = admitted_prompt = 0
@@ -73,17 +77,30 @@ def simulate_page_doc(doc: dict, history) -> dict:
             state[r].extend(blocks)
         if i not in wanted:
             continue
+        if i in history.pool:
+            pools.append(list(history.pool[i]))
+        else:  # a request's table holds a block once, so its references are the tables that hold it
+            holders: dict[int, int] = {}
+            for blocks in state.values():
+                for b in blocks:
+                    holders[b] = holders.get(b, 0) + 1
+            used = len(holders)
+            pools.append([usable - used, used, None, sum(1 for c in holders.values() if c > 1)])
+        if until is not None:
+            continue
         d = _diff(shown, state)
         cost = sum(len(b) for _, b in d.get("set", ())) + sum(len(b) for _, b in d.get("add", ()))
         if ints + cost > MAX_TABLE_INTS:
             until = len(tables) - 1
-            break
+            continue
         ints += cost
         tables.append(d)
         shown = {r: list(b) for r, b in state.items()}
     notes = []
     if len(keep) < len(steps):
-        notes.append(f"{len(steps):,} steps: the slider holds {len(keep):,} of them, spread evenly (each shows its own step's record)")
+        notes.append(f"{len(steps):,} steps: the slider holds {len(keep):,} of them, evenly spaced (each shows its own step's record)")
+    if not history.pool:
+        notes.append("the pool is too large to count block by block: used and shared blocks are counted from the tables, cached ones not ('free' includes them)")
     if until is not None:
         notes.append(f"block tables are kept up to step {kept[until]['step'] if until >= 0 else 0:,} (the page would be too large past it)")
     if any(f"{k}_count" in s for s in kept for k in ("admitted", "preempted", "finished")):
@@ -99,7 +116,7 @@ def simulate_page_doc(doc: dict, history) -> dict:
         "steps": kept,
         "tables": tables,
         "tables_until": until,
-        "pool": [list(history.pool[i]) for i in keep],
+        "pool": pools,
         "hit_rate": [hit_rate[i] for i in keep],
         "note": "; ".join(notes) + ("." if notes else ""),
     }

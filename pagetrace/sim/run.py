@@ -73,6 +73,7 @@ def simulate(
     on_step: Callable[[StepRecord], None] | None = None,
     policy: str = "vllm",
     record_history: bool = False,
+    keep_steps: int = 1000,
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished.
 
@@ -87,14 +88,14 @@ def simulate(
     gc.disable()
     try:
         return _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-                         max_steps, max_model_len, max_cells, on_step, policy, record_history)
+                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps)
     finally:
         if paused:
             gc.enable()
 
 
 def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False) -> SimResult:
+              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False, keep_steps=1000) -> SimResult:
     pending = sorted(requests, key=lambda r: r.arrival)
     usable = num_blocks - 1
     for r in pending:  # the last output token is sampled, never stored
@@ -125,7 +126,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
     if record_history:
         from .history import TableHistory
 
-        result.history = TableHistory(index)
+        result.history = TableHistory(index, keep=keep_steps)
     nxt = 0
     while nxt < len(pending) or sched.waiting or sched.running:
         step = sched.step_count
