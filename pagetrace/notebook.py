@@ -29,11 +29,17 @@ def table(headers: list[str], rows: list[list], caption: str = "", marked: set[i
     return "".join(out)
 
 
-def shown(n: int, keep: int = EDGE_ROWS) -> list[int | None]:
-    """Indices 0..n-1, or the first and last `keep` with None (a gap) between."""
+def shown(n: int, keep: int = EDGE_ROWS, also: tuple[int, ...] = ()) -> list[int | None]:
+    """Indices 0..n-1, or the first and last `keep` and those in `also`, with None for each gap."""
     if n <= 2 * keep + 1:
         return list(range(n))
-    return [*range(keep), None, *range(n - keep, n)]
+    picked = sorted({*range(keep), *range(n - keep, n), *(i for i in also if 0 <= i < n)})
+    out: list[int | None] = []
+    for i in picked:
+        if out and out[-1] is not None and i != out[-1] + 1:
+            out.append(None)
+        out.append(i)
+    return out
 
 
 # ---------------------------------------------------------------- TokenTrace: the four-step lookup
@@ -87,7 +93,7 @@ def trace_checks(tr) -> list[tuple[str, str]]:
 
 
 def trace_html(tr, max_sequences: int = 4) -> str:
-    parts = [f"<p><b>{escape(trace_text(tr))}</b></p>"]
+    parts = [f"<p><code>{escape(trace_text(tr))}</code></p>"]
     mask_words = {0: "visible", 1: "causal", 2: "window", -1: "-"}
     for s in range(min(tr.slots.shape[0], max_sequences)):
         rows = tr.rows_of(s)
@@ -99,7 +105,7 @@ def trace_html(tr, max_sequences: int = 4) -> str:
         best = int(w[:n].argmax()) if n else -1
         body = []
         marked = set()
-        for t in shown(n):
+        for t in shown(n, also=(best,)):
             if t is None:
                 body.append(["⋮", "", "", "", ""])
                 continue
@@ -195,6 +201,12 @@ def replay_html(summary) -> str:
 
 
 def violations_html(violations) -> str:
+    """`check_step`'s findings: one row per violation, with where it is (request, token, blocks, byte)."""
     if not violations:
         return "<p>passed: every invariant holds</p>"
-    return table(["rule", "what"], [[getattr(v, "rule", ""), str(v)] for v in violations], caption=f"{len(violations)} violation(s)")
+    dash = lambda x: "-" if x is None else x  # noqa: E731
+    rows = [[v.check, v.step, dash(v.request), dash(v.token), dash(v.logical_block), dash(v.physical_block), dash(v.slot), dash(v.byte), v.message]
+            for v in violations[:200]]
+    more = f"<p>… {len(violations) - 200} more</p>" if len(violations) > 200 else ""
+    return table(["check", "step", "request", "token", "logical", "physical", "slot", "byte", "what"], rows,
+                 caption=f"{len(violations)} violation(s)") + more

@@ -34,7 +34,7 @@ def test_trace_shows_rows_and_checks_never_whole_tensors():
     assert len(text) < 200 and "tensor" not in text
     html = trace._repr_html_()
     assert "tensor(" not in html and "sequence 1: 300 keys" in html and "softmax rows sum to 1" in html
-    assert html.count("<tr") < 2 * (2 * 6 + 2) + 8  # first and last rows of each sequence, not 338
+    assert html.count("<tr") < 2 * (2 * 6 + 3) + 8  # first, last and heaviest rows of each sequence, not 338
     slot = int(trace.slots[1, 299])
     assert f"<td style=\"padding:1px 8px;text-align:right;border-bottom:1px solid #ddd\">{slot}</td>" in html
 
@@ -96,3 +96,17 @@ def test_example_notebook_runs_and_shows_the_seed_numbers(tmp_path):
     out = tmp_path / "executed.ipynb"
     nbformat.write(nb, out)
     print(f"\nexecuted notebook: {out}")
+
+
+def test_check_and_replay_reports_show_their_tables():
+    from pagetrace.engines.check import Violation, Violations
+    from pagetrace.engines.replay import ReplaySummary, RequestResult
+
+    assert "every invariant holds" in Violations()._repr_html_()
+    found = Violations([Violation("table", 3, "block 99 is outside the pool of 32", request="r1", token=40, logical_block=2, physical_block=99)])
+    html = found._repr_html_()
+    assert "1 violation(s)" in html and ">99<" in html and "outside the pool" in html and ">r1<" in html
+    summary = ReplaySummary("interpret", "bf16", 1.6e-2, [RequestResult("r1", 1, 40, [5, 9, 2], 1e-3, 2e-3, True),
+                                                          RequestResult("r2", 3, 20, [5, 7], 5e-2, None, False)], 0, 39, [], [], {5: 2})
+    html = summary._repr_html_()
+    assert "5,9,2" in html and "DIFFERS" in html and "failed" in html
