@@ -186,7 +186,8 @@
         ["token", `${row.token} of ${q.name}`, "d-token"],
         ["logical block", `${row.logical_block} = ${row.token} // ${m.blockSize}`, "d-logical"],
         ["offset", `${row.offset} = ${row.token} % ${m.blockSize}`, "d-offset"],
-        ["block table", `[${q.table.join(", ")}][${row.logical_block}] = ${row.physical_block}`, "d-table"],
+        ["block table", q.table.length <= 16 ? `[${q.table.join(", ")}][${row.logical_block}] = ${row.physical_block}`
+          : `block_table[${row.logical_block}] = ${row.physical_block} (a table of ${q.table.length} entries)`, "d-table"],
         ["physical block", `${row.physical_block}`, "d-physical"],
         ["slot", `${row.offset} of block ${row.physical_block} (pool slot ${row.slot} = ${row.physical_block} × ${m.blockSize} + ${row.offset})`, "d-slot"],
       ];
@@ -268,7 +269,7 @@
       }
       y = poolTop + Math.ceil(N / pcols) * (ph + gap) + 24;
       // thin edges: table entry -> physical block
-      if (to - from <= 64) for (let l = from; l < to; l++) {
+      if (to - from <= 16) for (let l = from; l < to; l++) {
         const a = lpos.get(l), b = ppos.get(q.table[l]);
         if (a && b && l !== lb) svg.insertBefore(sv("line", { x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge" }), svg.firstChild);
       }
