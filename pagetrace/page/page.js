@@ -49,7 +49,7 @@
     const traced = doc.requests.findIndex((r) => r.request === doc.traced.request);
     return {
       blockSize: doc.block_size, numBlocks: doc.num_blocks, layout: doc.layout, dtype: doc.dtype, elementSize: doc.element_size,
-      heads: [{ label: "mean over the heads", pos: 0, kv: 0 }],
+      heads: [{ label: "mean over the heads", pos: 0, kv: 0 }], unit: "Request",
       sequences: doc.requests.map((r, i) => ({ name: `request ${r.request}`, seqLen: r.seq_len, table: r.block_table,
         rows: i === traced ? doc.traced.tokens : null, note: `${r.new_tokens} new token(s); ${r.passed ? "equal" : "DIFFERS"}` })),
       weight: (row) => row.weight, score: (row) => row.score,
@@ -76,7 +76,7 @@
     const headSel = el("select", { id: "head-select", "aria-label": "head" }, ...m.heads.map((h, i) => el("option", { value: i, text: h.label })));
     const goto = el("input", { type: "number", id: "goto", min: 0, "aria-label": "go to token", style: "width:7em" });
     const controls = el("div", { class: "controls" },
-      el("label", { for: "seq-select", text: "Sequence" }), seqSel,
+      el("label", { for: "seq-select", text: m.unit || "Sequence" }), seqSel,
       el("label", { for: "head-select", text: "Head" }), headSel,
       el("label", { for: "goto", text: "Token" }), goto);
     const tablePanel = el("div", { class: "panel scroll", id: "token-panel" });
