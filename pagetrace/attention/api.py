@@ -261,6 +261,16 @@ class Trace:
         """The query-token rows of sequence `seq`."""
         return range(int(self.query_start_loc[seq]), int(self.query_start_loc[seq + 1]))
 
+    def __repr__(self) -> str:  # the sizes, never the tensors
+        from ..views.notebook import trace_text
+
+        return trace_text(self)
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import trace_html
+
+        return trace_html(self)
+
 
 def paged_attention(
     query: torch.Tensor,

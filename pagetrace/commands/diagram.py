@@ -19,14 +19,28 @@ SvgOption = Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Wr
 PngOption = Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the block-mapping diagram as PNG (- for stdout).")]
 DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Write the diagram's Graphviz DOT source (- for stdout).")]
 
+HtmlOption = Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page (one self-contained HTML file: the --json data, drawn; no network).")]
 
-def report_console(svg: str | None, png: str | None, dot: str | None):
+
+def save_page(path: str, kind: str, document: dict, title: str, quiet: bool = False) -> str:
+    """Write the --html page of `document` (a command's --json document); say so on stderr unless `quiet`."""
+    from .output import stderr_console
+    from ..files import STDOUT
+    from ..views.page import write_page
+
+    written = write_page(path, kind, document, title)
+    if not quiet and path != STDOUT:
+        stderr_console().print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    return written
+
+
+def report_console(*paths: str | None):
     """Where a command prints its report: stdout, or stderr when a file option is `-`
     (stdout then carries that file and nothing else)."""
     from ..files import STDOUT
     from .output import stderr_console, stdout_console
 
-    return stderr_console() if STDOUT in (svg, png, dot) else stdout_console()
+    return stderr_console() if STDOUT in paths else stdout_console()
 
 
 def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str | None, quiet: bool = False) -> dict | None:

@@ -11,6 +11,7 @@ EPILOG = (
     "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
     "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
 )
+PAGE_STEPS = 1000  # --html: the steps the slider holds at most (pagetrace/views/page/sim_data.py MAX_STEPS); the pool is counted at 500 to 1,000 of them
 MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
 
 
@@ -55,6 +56,7 @@ def simulate(
     tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
+    html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..errors import UsageError, plural
@@ -96,7 +98,7 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png}
+    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--html": html}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
     if trace is not None:
@@ -139,34 +141,52 @@ def simulate(
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
-                                    policy=policy)
+                                    policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
+    config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+              "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
+              "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
+    doc = simulate_json(config, result, summary, written) if json_output or html is not None else None
+    if html is not None:
+        from ..views.page import write_page
+        from ..views.page.sim_data import simulate_page_doc
+
+        title = f"pagetrace simulate: {summary.requests:,} requests, {num_blocks:,} blocks of {block_size} ({policy})"
+        write_page(html, "simulate", simulate_page_doc(doc, result.history), title)
+        if html != "-":
+            written.append(html)
+            if not json_output:
+                stderr_console().print(f"wrote {html}", markup=False, emoji=False, soft_wrap=True)
     if json_output:
-        doc = {
-            "config": {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
-                       "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
-                       "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"},
-            "summary": summary.to_json(),
-            "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
-                          "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
-                          "finished": r.finished_step, "preemptions": r.num_preemptions} for r in result.requests],
-            "steps": [_step_json(s) for s in result.steps],
-            "tables_at": {str(s): t for s, t in result.tables_at.items()},
-            "written": written,
-        }
         emit_json(doc)
         return
     from ..views.sim import render_simulation
 
     err = stderr_console()
     for path in written:
+        if path == html:
+            continue
         err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
-    stdout_console().print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+    (stderr_console() if html == "-" else stdout_console()).print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+
+
+def simulate_json(config: dict, result, summary, written: list[str]) -> dict:
+    """`simulate --json`'s document (and the data of the --html page)."""
+    return {
+        "config": config,
+        "summary": summary.to_json(),
+        "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
+                      "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
+                      "finished": r.finished_step, "preemptions": r.num_preemptions} for r in result.requests],
+        "steps": [_step_json(s) for s in result.steps],
+        "tables_at": {str(s): t for s, t in result.tables_at.items()},
+        "written": written,
+    }
 
 
 def _nothing():

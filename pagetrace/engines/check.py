@@ -51,6 +51,15 @@ class Violation:
         return asdict(self)
 
 
+class Violations(list):
+    """`check_step`'s findings: a list of Violation that shows itself as a table in a notebook."""
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import violations_html
+
+        return violations_html(self)
+
+
 class Checker:
     def __init__(self, manifest: Manifest, step: Step) -> None:
         self.m, self.s = manifest, step
@@ -204,10 +213,10 @@ class Checker:
                         break
 
 
-def check_step(manifest: Manifest, step: Step, data_layers: dict[int, dict] | None = None) -> list[Violation]:
+def check_step(manifest: Manifest, step: Step, data_layers: dict[int, dict] | None = None) -> Violations:
     """All violations of one step; `data_layers` (layer -> its tensors) adds the data check."""
     checker = Checker(manifest, step)
     checker.run()
     for layer, tensors in (data_layers or {}).items() if checker.query_ok else ():
         checker.data(layer, tensors)
-    return checker.found
+    return Violations(checker.found)

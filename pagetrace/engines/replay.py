@@ -187,6 +187,11 @@ class ReplaySummary:
     def passed(self) -> bool:
         return all(r.passed for r in self.requests)
 
+    def _repr_html_(self) -> str:
+        from ..views.notebook import replay_html
+
+        return replay_html(self)
+
     def to_json(self, bundle: str, layer: int) -> dict:
         return {
             "bundle": str(bundle),

@@ -22,6 +22,16 @@ class TokenTrace(NamedTuple):
     key: VectorAddress
     value: VectorAddress
 
+    def __repr__(self) -> str:
+        from ..views.notebook import token_trace_text
+
+        return token_trace_text(self)
+
+    def _repr_html_(self) -> str:  # the four-step lookup, in a notebook
+        from ..views.notebook import token_trace_html
+
+        return token_trace_html(self)
+
     @property
     def scale(self) -> float:
         return 1.0 / math.sqrt(self.geometry.head_dim)

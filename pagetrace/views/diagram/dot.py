@@ -279,7 +279,7 @@ def build_graph(view: MappingView) -> graphviz.Digraph:
     import graphviz
 
     cells = layout_cells(view)
-    g = graphviz.Digraph(
+    g = _digraph_class()(
         "pagetrace",
         graph_attr={
             "rankdir": "LR",
@@ -312,6 +312,26 @@ def build_graph(view: MappingView) -> graphviz.Digraph:
             attrs.update({"color": TRACE, "penwidth": "3", "class": "traced"})
         g.edge(f"seq{cell.seq}:{cell.port}:e", f"pool:{target.port}:w", **attrs)
     return g
+
+
+def _digraph_class():
+    """graphviz.Digraph, shown in a notebook through pagetrace's engines (the system's dot, else
+    graphviz-pure): graphviz's own display runs `dot` and fails where only graphviz-pure is."""
+    global _Digraph
+    if _Digraph is None:
+        import graphviz
+
+        class Digraph(graphviz.Digraph):
+            def _repr_mimebundle_(self, include=None, exclude=None, **_):
+                from ..notebook import digraph_mimebundle
+
+                return digraph_mimebundle(self)
+
+        _Digraph = Digraph
+    return _Digraph
+
+
+_Digraph = None
 
 
 def dot_source(view: MappingView) -> str:

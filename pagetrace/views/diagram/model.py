@@ -44,6 +44,13 @@ class MappingView:
     highlight: tuple[int, int] | None = None  # (sequence index, token)
     show_slots: bool | None = None  # None: only when block_size is small and the pool small
 
+    def _repr_svg_(self) -> str | None:
+        """The diagram, in a notebook: rendered by the system's dot, else graphviz-pure."""
+        from ..notebook import render_svg
+        from .dot import dot_source
+
+        return render_svg(dot_source(self))
+
 
 def _run_blocks(cell) -> int:
     return cell.last - cell.first + 1
