@@ -8,7 +8,7 @@ import json
 
 import pytest
 from conftest import assert_usage_error, cli
-from test_engines import edit_step, write_bundle
+from bundles import edit_step, write_bundle
 
 
 def test_replay_json_on_an_unstored_block_says_why_as_check_does(tmp_path, capsys):

@@ -19,7 +19,7 @@ from fuzzing import check_invocation, fuzz_settings, number, options
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
-from test_engines import write_bundle
+from bundles import write_bundle
 
 DELETE = object()
 ODD_VALUES = [0, -1, 1, 2, 3, 4, 6, 8, 2**31, 10**30, 1e308, float("nan"), float("inf"), 1.5, -0.0, "", "x", "4", True, None, [], {}, [0], ["a", "b"], DELETE]

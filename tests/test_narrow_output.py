@@ -33,7 +33,7 @@ def test_no_word_is_cut_at_80_columns(args):
 
 
 def test_replay_and_check_headers_are_whole_at_80_columns(tmp_path):
-    from test_engines import write_bundle
+    from bundles import write_bundle
 
     path = write_bundle(tmp_path / "b", "vllm-cpu")
     replay, check = (narrow(*args) for args in (["replay", str(path), "--backend", "torch"], ["check", str(path)]))
