@@ -19,7 +19,7 @@ assert torch.cuda.is_available(), "no CUDA device"
 print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
 PY
 echo "== kernel tests, compiled"
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernel.py tests/test_prefill.py tests/test_cli_run.py tests/test_cli_prefill.py tests/test_compile.py
+python3 -m pytest -q -p no:cacheprovider -rs tests/attention/test_kernel.py tests/attention/test_prefill.py tests/commands/test_cli_run.py tests/commands/test_cli_prefill.py tests/attention/test_compile.py
 echo "== pagetrace run on the GPU"
 python3 -m pagetrace run --tokens 38 --device cuda | tail -8
 python3 -m pagetrace run --tokens 38 --query-len 6 --device cuda | tail -8

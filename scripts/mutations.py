@@ -25,17 +25,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 KERNEL_TESTS = [
-    "tests/test_kernel.py::test_worked_example_numbers",
-    "tests/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute",
-    "tests/test_kernel.py::test_many_partitions_merge",
+    "tests/attention/test_kernel.py::test_worked_example_numbers",
+    "tests/attention/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute",
+    "tests/attention/test_kernel.py::test_many_partitions_merge",
 ]
-LAYOUT_TESTS = ["tests/test_layout_conventions.py", "tests/test_layouts.py", "tests/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute"]
-BLOCK_TESTS = ["tests/test_blocks.py", "tests/test_cli_lookup.py"]
-RUN_TESTS = ["tests/test_cli_run.py", "tests/test_cli_run_report.py"]
-CLI_TESTS = ["tests/test_cli_app.py", "tests/test_cli_lookup.py"]
-WHERE_TESTS = ["tests/test_layout_conventions.py"]
-LAYOUT_MODEL_TESTS = ["tests/test_layout_model.py"]
-ENGINE_TESTS = ["tests/test_engines.py"]
+LAYOUT_TESTS = ["tests/paging/test_layout_conventions.py", "tests/paging/test_layouts.py", "tests/attention/test_kernel.py::test_kernel_on_caches_built_by_an_explicit_permute"]
+BLOCK_TESTS = ["tests/paging/test_blocks.py", "tests/commands/test_cli_lookup.py"]
+RUN_TESTS = ["tests/commands/test_cli_run.py", "tests/commands/test_cli_run_report.py"]
+CLI_TESTS = ["tests/commands/test_cli_app.py", "tests/commands/test_cli_lookup.py"]
+WHERE_TESTS = ["tests/paging/test_layout_conventions.py"]
+LAYOUT_MODEL_TESTS = ["tests/paging/test_layout_model.py"]
+ENGINE_TESTS = ["tests/engines/test_engines.py"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ MUTATIONS = [
     Mutation("kernel: partition end past the sequence", "pagetrace/attention/kernel.py", "end = tl.minimum(part * partition_size + partition_size, hi)", "end = part * partition_size + partition_size", KERNEL_TESTS),
     Mutation("kernel: key ignores the KV head", "pagetrace/attention/kernel.py", "k_token = physical * stride_kb + offset * stride_ko + kv_head * stride_kh", "k_token = physical * stride_kb + offset * stride_ko", KERNEL_TESTS),
     Mutation("kernel: rescale factor inverted", "pagetrace/attention/kernel.py", "alpha = tl.exp(m_i - m_safe)", "alpha = tl.exp(m_safe - m_i)", KERNEL_TESTS),
-    Mutation("kernel: traced slot without offset", "pagetrace/attention/kernel.py", "t * stride_tt, physical * block_size + offset, mask=first_head)", "t * stride_tt, physical * block_size, mask=first_head)", KERNEL_TESTS + ["tests/test_cli_run.py::test_run_json_carries_every_row"]),
+    Mutation("kernel: traced slot without offset", "pagetrace/attention/kernel.py", "t * stride_tt, physical * block_size + offset, mask=first_head)", "t * stride_tt, physical * block_size, mask=first_head)", KERNEL_TESTS + ["tests/commands/test_cli_run.py::test_run_json_carries_every_row"]),
     Mutation("launcher: block-table strides swapped", "pagetrace/attention/launch.py", "*block_tables.stride(),", "*reversed(block_tables.stride()),", KERNEL_TESTS),
     # run's check and report
     Mutation("report: fp32 tolerance x1000", "pagetrace/attention/report.py", '"fp32": 1e-5', '"fp32": 1e-2', RUN_TESTS),

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from pagetrace.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-NEEDS_CAPTURE = "runs on a vLLM capture; tests/test_vllm_e2e.py checks the same figures on a fresh one"
+NEEDS_CAPTURE = "runs on a vLLM capture; tests/engines/test_vllm_e2e.py checks the same figures on a fresh one"
 
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

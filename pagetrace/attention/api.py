@@ -340,7 +340,7 @@ def paged_attention(
         return _torch_backend(query, key_cache, value_cache, block_tables, batch, layout, scale, sliding_window, soft_cap, out, trace)
 
     if chosen == "triton" and key_cache.dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(query.device) < (8, 9):
-        # Triton has fp8e4nv (e4m3) from sm_89 on: the kernel would not compile (tests/test_compile.py shows it)
+        # Triton has fp8e4nv (e4m3) from sm_89 on: the kernel would not compile (tests/attention/test_compile.py shows it)
         major, minor = torch.cuda.get_device_capability(query.device)
         raise RuntimeFailure(f"float8_e4m3fn caches need a GPU of compute capability 8.9 or newer, this one is {major}.{minor}; "
                              "use float8_e5m2 caches or the torch backend")

@@ -329,7 +329,7 @@ def get_layout(name: str, option: str = "--layout") -> Layout:
 def check_factors(geom: CacheGeometry) -> None:
     """A split axis must be a multiple of what its factors split off (amx: slot of 16,
     dim of p). Errors name the option of the axis. That the factors of each table entry
-    tile their axis exactly is held by tests/test_layouts.py."""
+    tile their axis exactly is held by tests/paging/test_layouts.py."""
     for which in ("key", "value"):
         for spec in geom.layout.factors(which):
             axis, div, size = _FACTOR.match(spec).groups()
@@ -474,7 +474,7 @@ def kernel_strides(layout: Layout, which: str, tensor_strides: tuple[int, ...]) 
 
 def table_markdown() -> str:
     """The documented layout table (docs/layouts.md), made from `LAYOUTS`
-    (tests/test_layout_model.py holds the page to it; `pagetrace layouts --markdown` prints it)."""
+    (tests/paging/test_layout_model.py holds the page to it; `pagetrace layouts --markdown` prints it)."""
     lines = [
         "| layout | key factors (memory order) | value factors | what it is | engine |",
         "|---|---|---|---|---|",

@@ -176,7 +176,7 @@ def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: i
 # vllm/v1/worker/gpu_worker.py determine_available_memory: available KV cache memory =
 # requested - non_kv_cache_memory (the weights, the activation peak of the profiling run and
 # the memory torch does not allocate: NCCL, the CUDA context) - the CUDA-graph estimate.
-# Checked against what vLLM printed in vllm#10517 (tests/test_capacity_budget.py).
+# Checked against what vLLM printed in vllm#10517 (tests/sim/test_capacity_budget.py).
 
 
 def parameter_count(cfg: dict, path: str) -> int:

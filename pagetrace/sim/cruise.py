@@ -14,7 +14,7 @@ order of cache entries) unless a request would be preempted (fewer free blocks t
 or a filled block's hash is already cached (then the order of the cache's entries depends on
 how evictions and fills interleave). Then `run` does nothing and the scheduler runs that step
 explicitly. The whole observable behaviour (steps, tables, requests, pool) is pinned by
-digests taken before cruising existed (tests/test_sim_digest.py), with cruising on and off.
+digests taken before cruising existed (tests/sim/test_sim_digest.py), with cruising on and off.
 
 Lists stay in running order without sorting: a request files its first new block and first
 fill within `block_size` steps of joining, and each later one `block_size` steps ahead, before

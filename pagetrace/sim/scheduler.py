@@ -20,7 +20,7 @@ Cruising (the simulator's speed, not vLLM's logic; pagetrace/sim/cruise.py): whi
 running request is decoding and the budget covers them all, a request is touched only at the
 steps where it takes a new block, fills a block or finishes, in batches; any step where that
 could differ from the order above runs explicitly. The whole observable behaviour (steps,
-tables, requests, pool) is pinned by digests (tests/test_sim_digest.py), with cruising on
+tables, requests, pool) is pinned by digests (tests/sim/test_sim_digest.py), with cruising on
 and off.
 """
 

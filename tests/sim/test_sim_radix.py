@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pagetrace.sim.radix import SglangRadixCache  # noqa: E402
 from pagetrace.sim.request import FINISHED, SimRequest  # noqa: E402

@@ -229,7 +229,7 @@ def test_replay_page(browser, tmp_path, shots):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     bundle = tmp_path / "step.bundle"
     done = subprocess.run([sys.executable, str(root / "examples" / "flashinfer_bundle.py"), "--out", str(bundle)], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))

@@ -85,7 +85,7 @@ def test_probe_of_vllms_own_writer(capsys, isa, want, dtype):
 def test_the_vllm_example_without_vllm_says_what_to_install(tmp_path):
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "examples" / "vllm_capture.py"
+    script = Path(__file__).resolve().parents[2] / "examples" / "vllm_capture.py"
     done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "c.bundle")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "pip install 'pagetrace[vllm]'" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "c.bundle").exists()

@@ -10,7 +10,7 @@ and only which blocks share a hash is observable). For the small pools (up to 2,
 blocks) the free queue and its cached hashes are also digested after every step.
 
 Regenerate the fixture (only for a deliberate change of behaviour, with the reason in the
-commit): python tests/test_sim_digest.py --write
+commit): python tests/sim/test_sim_digest.py --write
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pagetrace.sim import run as run_mod  # noqa: E402
 from pagetrace.sim.request import SimRequest  # noqa: E402
 from pagetrace.sim.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from pagetrace.sim.workload import SyntheticSpec, parse_trace, synthetic  # noqa: E402
 
-FIXTURE = Path(__file__).with_name("data") / "sim_digests.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "sim_digests.json"
 STEP_POOL_LIMIT = 2000  # pools up to this many blocks are digested after every step
 
 

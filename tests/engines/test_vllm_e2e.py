@@ -30,7 +30,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed: pip install -e '.[vllm]' to run the real-engine test", allow_module_level=True)
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BF16_TOL = 1.6e-2
 
 
@@ -50,7 +50,7 @@ def amx_ready() -> bool:
 
 # None: the ISA vLLM picks on this machine. amx's attention kernel runs AMX tile instructions,
 # so forcing it needs a CPU with AMX; its layout is still checked everywhere against the
-# formula (tests/test_layout_model.py) and, where vLLM's _C loads, against the writer itself.
+# formula (tests/paging/test_layout_model.py) and, where vLLM's _C loads, against the writer itself.
 ISAS = [None, "vec", "vec16", pytest.param("amx", marks=pytest.mark.skipif(not amx_ready(), reason="forcing amx runs AMX tile instructions; this CPU has no AMX"))]
 
 

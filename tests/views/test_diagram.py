@@ -27,7 +27,7 @@ from pagetrace.cli import run_cli
 from pagetrace.views.diagram import MappingView, SequenceMap
 from pagetrace.errors import RuntimeFailure, UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SVG_NS = "{http://www.w3.org/2000/svg}"
 XLINK_TITLE = "{http://www.w3.org/1999/xlink}title"
 
@@ -232,7 +232,7 @@ def test_cells_do_not_walk_the_pool():
         " Console(file=open(__import__('os').devnull, 'w')).print(dg.terminal_mapping(view));"
         " print(dg.layout_cells(view).pool[-2].port)"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests" / "views")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == f"p3000001_{10**15 - 2}", done.stderr
 
 

@@ -26,7 +26,7 @@ from pagetrace.errors import UsageError
 from pagetrace.paging.layouts import AXES, LAYOUTS, CacheGeometry, check_factors, make_geometry, table_markdown, vector_address
 from pagetrace.paging.where import where_byte
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 

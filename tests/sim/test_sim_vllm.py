@@ -7,7 +7,7 @@ output tokens vLLM sampled, which decide the hashes of generated blocks), must p
 same tables at every step and the same `num_cached_tokens`. One engine with a 15-block pool
 runs all the workloads in sequence, and one simulator follows it: cache state carries over.
 
-Run: /work/vllmenv/bin/python -m pytest -m vllm tests/test_sim_vllm.py
+Run: /work/vllmenv/bin/python -m pytest -m vllm tests/sim/test_sim_vllm.py
 """
 
 from __future__ import annotations
