@@ -137,3 +137,47 @@ def render_simulation(summary: Summary, steps: list[StepRecord], rows: int, tabl
     parts += [block_tables(s, t) for s, t in tables_at.items()]
     parts += [totals(summary), causes_table(summary), waste_table(summary)]
     return Group(*parts)
+
+
+def render_metric(metric: dict) -> str:
+    q, h = metric["queries"], metric["hits"]
+    line = (f"vLLM's prefix-cache metric would read {h:,} hits of {q:,} queried tokens ({h / q:.1%}), the hits above: "
+            f"it counts each request at its first admission, as pagetrace does" if q else "vLLM's prefix-cache metric: no request admitted")
+    if metric["preempted_queries"]:
+        line += (f"; preempted requests' lookups apart (preempted_hits {metric['preempted_hits']:,} of "
+                 f"{metric['preempted_queries']:,}: recomputation served from the cache)")
+    return line
+
+
+def render_explained(requests, explained: list[dict]) -> Table:
+    table = Table(title="prefix-cache outcome per request (prompt tokens)", title_justify="left")
+    for col in ("request", "prompt", "hit", "partial block", "evicted", "other key", "first seen", "evicted by (step: request)"):
+        table.add_column(col, justify="right" if col not in ("request", "evicted by (step: request)") else "left")
+    for req, doc in zip(requests, explained):
+        why = doc["prompt_tokens_by_cause"]
+        if why is None:
+            continue
+        by = ", ".join(f"block {e['block']} at {e['step']}: {e['by']}" for e in doc.get("evicted_blocks", []) if e["step"] is not None)
+        table.add_row(req.request_id, str(req.prompt_len), str(why["hit"]), str(why["partial block"]), str(why["evicted"]),
+                      str(why["different extra key"]), str(why["first seen"]), by)
+    return table
+
+
+def render_comparison(cmp, stream, source: str) -> str:
+    lines = [f"KV events: pagetrace predicts {cmp.predicted:,} block events, {source} holds {cmp.server:,} "
+             f"({len(stream.batches):,} messages); compared by {cmp.mode}"]
+    if cmp.first_divergence is None:
+        lines.append(f"  equal: every BlockStored and BlockRemoved, hash by hash, in order ({cmp.agree:,})")
+    else:
+        d = cmp.first_divergence
+        lines.append(f"  agree on the first {cmp.agree:,}; first divergence at event {d['item']:,}:")
+        for who in ("pagetrace", "server"):
+            s = d[who]
+            extra = "".join(f", {k} {s[k]}" for k in ("request", "block") if k in s)
+            lines.append(f"    {who}: {s['did']}" + (f" {s['hash']} ({s['where']}{extra})" if "hash" in s else ""))
+        if "reason" in d:
+            lines.append(f"  why: {d['reason']}")
+    if stream.gaps:
+        lines.append("  sequence gaps: " + ", ".join(f"{a}..{b}" for a, b in stream.gaps))
+    lines += [f"  note: {n}" for n in cmp.notes]
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ HELP = "Simulate vLLM V1's KV block manager step by step (allocation, prefix hit
 EPILOG = (
     "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
     "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
+    "  |  pagetrace simulate --trace recorded.jsonl --events recorded.kvev --num-blocks 16 --block-size 32"
 )
 MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
 
@@ -54,6 +55,10 @@ def simulate(
     tables_svg: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (SVG).")] = None,
     tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
+    events: Annotated[str | None, typer.Option(metavar="FILE|tcp://HOST:PORT", help="The server's KV events (a recorded file, or live from vLLM's ZMQ publisher): compare them with the blocks the simulation stores and removes. Needs --trace.")] = None,
+    events_bind: Annotated[bool, typer.Option("--events-bind", help="Bind the --events endpoint instead of connecting: vLLM's publisher connects when its endpoint has no wildcard (tcp://127.0.0.1:5557).")] = False,
+    events_timeout: Annotated[float, typer.Option(help="Live --events: stop listening after this many seconds without a message.")] = 10.0,
+    explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
@@ -64,7 +69,7 @@ def simulate(
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
-    from ..sim.workload import MAX_REQUESTS, SyntheticSpec, parse_trace, synthetic
+    from ..sim.workload import MAX_REQUESTS, SyntheticSpec, read_trace, synthetic
 
     # -- check every option before any work --
     if policy not in POLICIES:
@@ -96,6 +101,20 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
+    if events is not None:
+        if trace is None:
+            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
+        if policy != "vllm":
+            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
+        if no_prefix_caching:
+            raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
+    elif events_bind:
+        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
+    if not events_timeout > 0 or events_timeout > 3600:
+        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
+    live = events is not None and events.startswith(("tcp://", "ipc://"))
+    if events_bind and not live:
+        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
     files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
@@ -105,7 +124,8 @@ def simulate(
                 text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        workload = parse_trace(text, block_size, trace)
+        trace_doc = read_trace(text, block_size, trace)
+        workload = trace_doc.requests
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
@@ -139,12 +159,23 @@ def simulate(
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
-                                    policy=policy)
+                                    policy=policy, record_events=(events is not None or explain) and policy == "vllm" and prefix_caching)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
+    comparison = stream = None
+    if events is not None:
+        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
+        from ..sim.compare import compare
+
+        comparison = compare(result, trace_doc, stream, block_size)
+    explained = None
+    if explain or json_output:
+        from ..sim.explain import explain_requests
+
+        explained = explain_requests(result, block_size)
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
     if json_output:
         doc = {
@@ -154,11 +185,16 @@ def simulate(
             "summary": summary.to_json(),
             "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
                           "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
-                          "finished": r.finished_step, "preemptions": r.num_preemptions} for r in result.requests],
+                          "finished": r.finished_step, "preemptions": r.num_preemptions, **explained[i]}
+                         for i, r in enumerate(result.requests)],
             "steps": [_step_json(s) for s in result.steps],
             "tables_at": {str(s): t for s, t in result.tables_at.items()},
             "written": written,
         }
+        doc["summary"]["vllm_metric"] = _metric(result)
+        if comparison is not None:
+            doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
+                             "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
         emit_json(doc)
         return
     from ..render_sim import render_simulation
@@ -166,7 +202,49 @@ def simulate(
     err = stderr_console()
     for path in written:
         err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
-    stdout_console().print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+    out = stdout_console()
+    out.print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+    from ..render_sim import render_comparison, render_explained, render_metric
+
+    out.print(render_metric(_metric(result)))
+    if explain:
+        out.print(render_explained(result.requests, explained))
+    if comparison is not None:
+        out.print(render_comparison(comparison, stream, events))
+
+
+def _metric(result) -> dict:
+    """What vLLM's prefix-cache counters report for this run (vllm/v1/metrics/stats.py
+    PrefixCacheStats.record, called at admission): new requests' queries and hits, which are
+    pagetrace's prompt tokens and hits; a preempted request's lookups counted apart."""
+    reqs = result.requests
+    queries = sum(r.prompt_len for r in reqs if r.first_scheduled is not None)
+    hits = sum(r.num_cached_tokens or 0 for r in reqs)
+    return {"queries": queries, "hits": hits, "preempted_queries": result.preempted_queries, "preempted_hits": result.preempted_hits}
+
+
+def _read_events(source: str, bind: bool, timeout: float, quiet: bool):
+    from ..cli import stderr_console
+    from ..errors import RuntimeFailure, UsageError
+    from ..sim import events as ev
+
+    err = stderr_console()
+    try:
+        if source.startswith(("tcp://", "ipc://")):
+            if not quiet:
+                err.print(f"listening on {source} ({'bound' if bind else 'connected'}) until {timeout:g} s pass without a message", markup=False)
+            stream = ev.read_live(ev.listen(source, bind=bind, idle_timeout=timeout), source)
+        else:
+            stream = ev.read_file(source)
+    except OSError as exc:
+        raise UsageError("--events", source, exc.strerror or str(exc)) from None
+    except ev.EventError as exc:
+        raise UsageError("--events", source, str(exc)) from None
+    if stream.batches == [] and not stream.problems:
+        raise RuntimeFailure(f"{source}: no KV events message" + (f" within {timeout:g} s (a publisher with a non-wildcard endpoint connects: try --events-bind)" if source.startswith("tcp://") and not bind else ""))
+    for line in stream.problems:
+        err.print(f"warning: {line}", markup=False, emoji=False, soft_wrap=True)
+    return stream
 
 
 def _nothing():

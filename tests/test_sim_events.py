@@ -1,0 +1,310 @@
+"""KV events, the trace format and the predicted-vs-server comparison, without a server.
+
+The engine's own classes are the reference: messages are encoded with vLLM's
+`vllm.distributed.kv_events` structs (as its ZmqEventPublisher does: msgspec msgpack,
+8-byte big-endian sequence number) and decoded by pagetrace; the positional (pre-vllm#42892)
+encoding is built from the same classes' field list; block hashes are checked against vLLM's
+`hash_block_tokens`. Those tests skip with the reason where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import assert_usage_error, cli
+from pagetrace.sim import events as ev
+from pagetrace.sim.compare import compare
+from pagetrace.sim.run import simulate
+from pagetrace.sim.trace import TraceHeader, TraceRecord, TraceWriter
+from pagetrace.sim.workload import read_trace
+
+msgspec = pytest.importorskip("msgspec", reason="msgspec (vLLM's msgpack library, in the vllm extra) is not installed")
+
+
+@pytest.fixture(scope="module")
+def kv():
+    return pytest.importorskip("vllm.distributed.kv_events", reason="vLLM is not installed: its event classes are the reference")
+
+
+def frames(batch, seq: int, topic: bytes = b"kv-events") -> list[bytes]:
+    """What ZmqEventPublisher._publisher_thread sends."""
+    return [topic, seq.to_bytes(8, "big"), msgspec.msgpack.Encoder().encode(batch)]
+
+
+def stored(kv, hashes, tokens, parent=None, size=4, **kw):
+    return kv.BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens, block_size=size, lora_id=None,
+                          medium="GPU", lora_name=None, **kw)
+
+
+def test_field_lists_are_the_installed_engines(kv):
+    for name, fields in ev.FIELDS.items():
+        assert tuple(f.name for f in msgspec.structs.fields(getattr(kv, name))) == fields, name
+
+
+def test_tagged_maps_from_vllms_classes(kv):
+    batch = kv.KVEventBatch(ts=12.5, events=[
+        stored(kv, [11, 22], list(range(8)), extra_keys=[None, None], group_idx=0, kv_cache_spec_kind="full_attention"),
+        kv.BlockRemoved(block_hashes=[11], medium="GPU", group_idx=0),
+        kv.AllBlocksCleared(),
+    ], data_parallel_rank=0)
+    raw = msgspec.msgpack.decode(frames(batch, 7)[2])
+    assert isinstance(raw[1][0], dict) and raw[1][0]["type"] == "BlockStored"  # vLLM 0.32 sends maps tagged "type"
+    got, problems = ev.decode_message(frames(batch, 7), "test")
+    assert problems == [] and got.seq == 7 and got.ts == 12.5 and got.topic == b"kv-events" and got.data_parallel_rank == 0
+    s, r, c = got.events
+    assert (s.block_hashes, s.parent_block_hash, s.token_ids, s.block_size, s.medium, s.group_idx) == ([11, 22], None, list(range(8)), 4, "GPU", 0)
+    assert (r.block_hashes, r.group_idx) == ([11], 0) and isinstance(c, ev.AllBlocksCleared)
+
+
+def positional_classes(kv):
+    """The encoding before vllm#42892: each event an array [tag, fields...], same field order."""
+    out = {}
+    for name in ev.FIELDS:
+        cls = getattr(kv, name)
+        fields = [(f.name, f.type, f.default) if f.default is not msgspec.NODEFAULT else (f.name, f.type) for f in msgspec.structs.fields(cls)]
+        out[name] = msgspec.defstruct(name, fields, array_like=True, tag=True, omit_defaults=True)
+    return out
+
+
+def test_positional_arrays_from_vllms_field_list(kv):
+    P = positional_classes(kv)
+    s = P["BlockStored"](block_hashes=[b"\x01" * 32], parent_block_hash=None, token_ids=[5, 6, 7, 8], block_size=4,
+                         lora_id=None, medium="GPU", lora_name=None)
+    batch = kv.EventBatch(ts=1.0, events=[s, P["BlockRemoved"](block_hashes=[b"\x01" * 32], medium="GPU"), P["AllBlocksCleared"]()])
+    raw = msgspec.msgpack.decode(frames(batch, 0)[2])
+    assert raw[1][0][0] == "BlockStored" and isinstance(raw[1][0], list)
+    got, problems = ev.decode_message(frames(batch, 0), "test")
+    assert problems == []
+    assert got.events[0].block_hashes == [b"\x01" * 32] and got.events[0].token_ids == [5, 6, 7, 8]
+    assert isinstance(got.events[1], ev.BlockRemoved) and isinstance(got.events[2], ev.AllBlocksCleared)
+
+
+def test_bad_messages_are_named_and_skipped(kv):
+    good = frames(kv.KVEventBatch(ts=1.0, events=[kv.AllBlocksCleared()]), 0)
+    truncated = good[:2] + [good[2][:-3]]
+    with pytest.raises(ev.EventError, match=r"sequence number 0\): the payload of \d+ bytes is not a whole msgpack"):
+        ev.decode_message(truncated, "message 0")
+    unknown = [b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode([2.0, [{"type": "BlockMoved", "block_hashes": [1]}, {"type": "AllBlocksCleared"}]])]
+    batch, problems = ev.decode_message(unknown, "message 1")
+    assert len(batch.events) == 1 and problems == ["message 1 (sequence number 1), event 0: unknown event type 'BlockMoved' "
+                                                   "(this reader knows BlockStored, BlockRemoved, AllBlocksCleared); skipped"]
+    with pytest.raises(ev.EventError, match="3 frames"):
+        ev.decode_message(good[:2], "m")
+    mismatch = [b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [1, 2, 3], "block_size": 4}]])]
+    assert "2 block hashes of 4 tokens but 3 token ids" in ev.decode_message(mismatch, "m")[1][0]
+
+
+def test_sequence_gaps_are_reported_and_reading_goes_on(kv):
+    msgs = [(f"m{s}", frames(kv.KVEventBatch(ts=float(s), events=[kv.AllBlocksCleared()]), s)) for s in (1, 2, 5, 6)]
+    stream = ev.read_messages(msgs, "test")
+    assert [b.seq for b in stream.batches] == [1, 2, 5, 6]
+    assert stream.gaps == [(0, 0), (3, 4)]
+    assert "messages 0..0 missing, sent before this subscriber was connected" in stream.problems[0]
+    assert "messages 3..4 missing, dropped (the publisher's high-water mark" in stream.problems[1]
+
+
+def test_recorded_file_round_trip_truncation_and_versions(kv, tmp_path):
+    msgs = [frames(kv.KVEventBatch(ts=float(s), events=[kv.BlockRemoved(block_hashes=[s], medium=None)]), s) for s in range(3)]
+    data = ev.file_bytes((m, 0.5) for m in msgs)
+    path = tmp_path / "e.kvev"
+    path.write_bytes(data)
+    stream = ev.read_file(str(path))
+    assert [b.events[0].block_hashes for b in stream.batches] == [[0], [1], [2]] and stream.problems == []
+    path.write_bytes(data[:-5])
+    stream = ev.read_file(str(path))
+    assert len(stream.batches) == 2 and len(stream.problems) == 1
+    assert "message 2 at byte" in stream.problems[0] and "truncated" in stream.problems[0]
+    path.write_bytes(b"pagetrace-kv-events 2\n" + data[len(ev.FILE_MAGIC):])
+    with pytest.raises(ev.EventError, match="another version .*upgrade pagetrace"):
+        ev.read_file(str(path))
+
+
+def test_block_hashes_are_vllms(kv):
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils as u
+
+    from pagetrace.sim.vllm_hash import block_hashes
+
+    tokens = list(range(1000, 1070))
+    for seed in (None, "7"):
+        if seed is None:
+            pytest.MonkeyPatch().delenv("PYTHONHASHSEED", raising=False)
+        with pytest.MonkeyPatch.context() as mp:
+            if seed is not None:
+                mp.setenv("PYTHONHASHSEED", seed)
+            else:
+                mp.delenv("PYTHONHASHSEED", raising=False)
+            u.init_none_hash(sha256)
+            for salt in (None, "s"):
+                parent, want = None, []
+                for i in range(2):
+                    extra = (("cache_salt", salt),) if salt and i == 0 else None
+                    parent = u.hash_block_tokens(sha256, parent, tokens[i * 32:(i + 1) * 32], extra)
+                    want.append(u.maybe_convert_block_hash(parent))
+                assert block_hashes(tokens, 32, salt, seed) == want
+    # the hashes a real server published for this prompt (docs/simulate.md, the investigation)
+    assert block_hashes(tokens, 32) == [15055828968291616402, 5204843658281419474]
+
+
+# -- the trace format --
+
+def write(tmp_path, lines, name="t.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return str(path)
+
+
+def test_newer_trace_version_is_refused(tmp_path, capsys):
+    path = write(tmp_path, [{"format": "pagetrace-trace", "version": 2}, {"prompt": [1, 2], "output_len": 2}])
+    result = cli(capsys, "simulate", "--trace", path)
+    assert_usage_error(result, "--trace")
+    assert "version 2, written by a newer pagetrace" in result[2] and "upgrade pagetrace" in result[2]
+
+
+@pytest.mark.parametrize("lines, words", [
+    ([{"format": "other", "version": 1}, {"prompt": [1], "output_len": 1}], "'format' must be 'pagetrace-trace'"),
+    ([{"format": "pagetrace-trace", "version": "1"}], "'version' must be a positive integer"),
+    ([{"format": "pagetrace-trace", "version": 1}], "holds only its header"),
+    ([{"format": "pagetrace-trace", "version": 1, "hashes_only": True}], "must give the 'block_size'"),
+    ([{"format": "pagetrace-trace", "version": 1, "hashes_only": True, "block_size": 16}, {"prompt": [1, 2], "output_len": 1}], "'prompt' token ids in a hashes-only trace"),
+    ([{"prompt": [1, 2], "output_len": 1, "time": -1}], "'time' must be a number"),
+    ([{"prompt": [1, 2], "output_len": 1}, {"format": "pagetrace-trace", "version": 1}], "only as the first line"),
+    ([{"prompt": [1, 2], "n": 2, "outputs": [[1]]}], "one list of token ids per sample"),
+])
+def test_bad_traces_exit_2_with_one_line(tmp_path, capsys, lines, words):
+    result = cli(capsys, "simulate", "--trace", write(tmp_path, lines), "--block-size", "16")
+    assert_usage_error(result, "--trace")
+    assert words in result[2]
+
+
+def sample_records():
+    shared = list(range(1, 9))  # two blocks of 4
+    return [
+        TraceRecord("a", shared + [100, 101], 3, arrival=0, outputs=[[200, 201, 202]]),
+        TraceRecord("b", shared + [110], 3, arrival=10, outputs=[[210, 211, 212]]),
+        TraceRecord("c", shared + [120, 121, 122], 2, arrival=20, outputs=[[220, 221], [230, 231]], n=2),
+        TraceRecord("d", shared + [130], 2, arrival=30, outputs=[[240, 241]], cache_salt="s"),
+    ]
+
+
+def test_hashes_only_trace_simulates_like_the_tokens(tmp_path, capsys):
+    docs = {}
+    for hashes_only in (False, True):
+        w = TraceWriter(TraceHeader(block_size=4, hashes_only=hashes_only))
+        for r in sample_records():
+            w.add(r)
+        path = str(tmp_path / f"t{hashes_only}.jsonl")
+        w.write(path)
+        text = open(path).read()
+        assert ('"prompt":' in text) != hashes_only and ("cache_salt" in text) != hashes_only
+        code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "12", "--json")
+        assert code == 0, err
+        docs[hashes_only] = json.loads(out)
+    strip = lambda d: [(r["id"], r["num_cached_tokens"], r["first_scheduled"], r["finished"]) for r in d["requests"]]
+    assert strip(docs[False]) == strip(docs[True])
+    assert [r["num_cached_tokens"] for r in docs[True]["requests"]] == [0, 8, 8, 8, 0]  # d: another salt
+    result = cli(capsys, "simulate", "--trace", str(tmp_path / "tTrue.jsonl"), "--block-size", "8")
+    assert_usage_error(result, "--block-size")
+    assert "hashes of 4-token blocks" in result[2]
+
+
+# -- predicted against the server's events --
+
+def predicted_messages(kv, result, trace, block_size, lose=None):
+    """The simulation's own events, encoded with vLLM's classes as a server would publish them."""
+    from pagetrace.sim.compare import predicted_items
+
+    items = predicted_items(result, trace, block_size, "hash")
+    by_step: dict[str, list] = {}
+    for it in items:
+        by_step.setdefault(it.where, []).append(it)
+    msgs = []
+    for seq, (where, its) in enumerate(by_step.items()):
+        evs = [kv.BlockRemoved(block_hashes=[i.key], medium="GPU", group_idx=0) if i.kind == "removed" else
+               stored(kv, [i.key], [0] * block_size, size=block_size, group_idx=0) for i in its]
+        if seq != lose:
+            msgs.append((frames(kv.KVEventBatch(ts=float(seq), events=evs), seq), 0.0))
+    return ev.file_bytes(msgs)
+
+
+def test_compare_equal_gap_and_divergence(kv, tmp_path, capsys):
+    w = TraceWriter(TraceHeader(block_size=4))
+    for r in sample_records():
+        w.add(r)
+    # a pool of 5 usable blocks: the later requests evict the earlier ones' blocks
+    path = str(tmp_path / "t.jsonl")
+    w.write(path)
+    trace = read_trace(open(path).read(), 4, path)
+    result = simulate(trace.requests, 6, 4, record_events=True)
+    data = predicted_messages(kv, result, trace, 4)
+    (tmp_path / "e.kvev").write_bytes(data)
+    assert any(e[0] == "removed" for _, log in result.events for e in log)  # the pool was small enough to evict
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "6", "--events", str(tmp_path / "e.kvev"), "--json")
+    doc = json.loads(out)["events"]
+    assert code == 0 and doc["equal"] and doc["mode"] == "hash" and doc["agree"] == doc["server_items"] > 0, doc
+
+    (tmp_path / "gap.kvev").write_bytes(predicted_messages(kv, result, trace, 4, lose=1))
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "6", "--events", str(tmp_path / "gap.kvev"), "--json")
+    doc = json.loads(out)["events"]
+    assert code == 0 and not doc["equal"] and doc["gaps"] == [[1, 1]] and "sequence gap" in doc["first_divergence"]["reason"]
+    assert "messages 1..1 missing" in err
+
+    # the same trace simulated with a bigger pool: nothing is evicted, the server's first BlockRemoved is the divergence
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "64", "--events", str(tmp_path / "e.kvev"))
+    assert code == 0, err
+    assert "first divergence" in out and "server: BlockRemoved" in out
+
+
+def test_events_bad_input(tmp_path, capsys):
+    path = write(tmp_path, [{"prompt": [1, 2, 3, 4, 5], "output_len": 2}])
+    assert_usage_error(cli(capsys, "simulate", "--events", "x.kvev"), "--events")
+    assert_usage_error(cli(capsys, "simulate", "--trace", path, "--events", str(tmp_path / "missing")), "--events")
+    (tmp_path / "junk").write_bytes(b"hello")
+    result = cli(capsys, "simulate", "--trace", path, "--events", str(tmp_path / "junk"))
+    assert_usage_error(result, "--events")
+    assert "not a pagetrace KV events file" in result[2]
+    assert_usage_error(cli(capsys, "simulate", "--trace", path, "--events", "x", "--policy", "sglang"), "--policy")
+    assert_usage_error(cli(capsys, "simulate", "--trace", path, "--events-bind"), "--events-bind")
+    assert_usage_error(cli(capsys, "simulate", "--trace", path, "--events", "x", "--events-timeout", "0"), "--events-timeout")
+
+
+def test_block_size_of_other_events_is_named(kv, tmp_path, capsys):
+    path = write(tmp_path, [{"prompt": list(range(1, 10)), "output_len": 2}])
+    msg = frames(kv.KVEventBatch(ts=0.0, events=[stored(kv, [1], list(range(16)), size=16)]), 0)
+    (tmp_path / "e.kvev").write_bytes(ev.file_bytes([(msg, 0.0)]))
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--events", str(tmp_path / "e.kvev"), "--json")
+    doc = json.loads(out)["events"]
+    assert code == 0 and doc["server_events_skipped"] == 1
+    assert "message 0, event 0: a BlockStored of 16-token blocks; the simulation's blocks hold 4" in doc["notes"][0]
+
+
+def test_live_listen_times_out_and_reads_a_publisher(kv):
+    zmq = pytest.importorskip("zmq")
+    import socket
+    import threading
+    import time
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    start = time.monotonic()
+    assert ev.listen(endpoint, idle_timeout=0.3) == []  # nothing there: the timeout ends it
+    assert time.monotonic() - start < 3
+    # vLLM's own publisher with a non-wildcard endpoint connects: the listener binds
+    pub = kv.ZmqEventPublisher(0, endpoint=endpoint, topic="kv-events")
+    try:
+        def send():
+            time.sleep(0.8)
+            for _ in range(3):
+                pub.publish(kv.KVEventBatch(ts=time.time(), events=[kv.AllBlocksCleared()]))
+        threading.Thread(target=send, daemon=True).start()
+        got = ev.listen(endpoint, bind=True, idle_timeout=1.5, first_timeout=5)
+    finally:
+        pub.shutdown()
+    stream = ev.read_live(got, endpoint)
+    assert [b.seq for b in stream.batches] == [0, 1, 2] and stream.gaps == []
+    del zmq
