@@ -47,8 +47,10 @@ class Send:
 
 def complete(url: str, model: str, send: Send, timeout: float) -> list[list[int]]:
     """POST one completion; the generated token ids of each sample, in index order."""
-    body = {"model": model, "prompt": send.prompt, "max_tokens": send.max_tokens, "n": send.n, "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True}
+    body = {"model": model, "prompt": send.prompt, "max_tokens": send.max_tokens, "n": send.n, "ignore_eos": True,
+            "return_token_ids": True, "temperature": 0}
+    if send.n > 1:  # vLLM refuses n > 1 with greedy sampling; the samples' tokens are recorded whatever they are
+        body.update(temperature=1.0, seed=0)
     if send.cache_salt is not None:
         body["cache_salt"] = send.cache_salt
     if send.priority:
