@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from .errors import plural
 from .render import header
 from .sim.baselines import CATEGORIES
 from .sim.scheduler import StepRecord
@@ -151,13 +152,23 @@ def render_metric(metric: dict) -> str:
 
 def render_explained(requests, explained: list[dict]) -> Table:
     table = Table(title="prefix-cache outcome per request (prompt tokens)", title_justify="left")
-    for col in ("request", "prompt", "hit", "partial block", "evicted", "other key", "first seen", "evicted by (step: request)"):
-        table.add_column(col, justify="right" if col not in ("request", "evicted by (step: request)") else "left")
+    for col in ("request", "prompt", "hit", "partial block", "evicted", "other key", "first seen", "why"):
+        header(table, col, justify="left" if col in ("request", "why") else "right", no_wrap=col == "request")
     for req, doc in zip(requests, explained):
         why = doc["prompt_tokens_by_cause"]
         if why is None:
             continue
-        by = ", ".join(f"block {e['block']} at {e['step']}: {e['by']}" for e in doc.get("evicted_blocks", []) if e["step"] is not None)
+        notes = {}
+        for e in doc.get("evicted_blocks", []):
+            if e["step"] is not None:
+                key = f"evicted at step {e['step']} by {e['by']}"
+                notes[key] = notes.get(key, 0) + 1
+        for e in doc.get("hit_while_written", []):
+            key = f"hit while {e['by']} writes it"
+            notes[key] = notes.get(key, 0) + 1
+        if doc.get("recomputed_hit_tokens"):
+            notes[f"{doc['recomputed_hit_tokens']} hit tokens again after preemption"] = 0
+        by = "; ".join(k + (f" ({plural(n, 'block')})" if n else "") for k, n in notes.items())
         table.add_row(req.request_id, str(req.prompt_len), str(why["hit"]), str(why["partial block"]), str(why["evicted"]),
                       str(why["different extra key"]), str(why["first seen"]), by)
     return table
@@ -181,3 +192,17 @@ def render_comparison(cmp, stream, source: str) -> str:
         lines.append("  sequence gaps: " + ", ".join(f"{a}..{b}" for a, b in stream.gaps))
     lines += [f"  note: {n}" for n in cmp.notes]
     return "\n".join(lines)
+
+
+def render_what_if(outcomes) -> Table:
+    t = Table(title="what if: the same workload under other settings", title_justify="left")
+    t.add_column("setting", no_wrap=True, min_width=min(max(len(o.label) for o in outcomes), 40))
+    for col in ("hit rate", "peak use", "mean use", "preempted", "steps", "evicted"):
+        header(t, col, justify="right")
+    for o in outcomes:
+        usable = o.setting.num_blocks - 1
+        t.add_row(o.label, f"{o.hit_rate:.1%}", f"{o.peak_used / usable:.0%}", f"{o.mean_used_share:.0%}",
+                  f"{o.preemptions:,}", f"{o.steps:,}", f"{o.evictions:,}")
+    t.caption = "use: blocks in use after a step, as a share of the run's pool; preempted: preemptions; evicted: cached blocks reused"
+    t.caption_justify = "left"
+    return t

@@ -212,7 +212,7 @@ def test_hashes_only_trace_simulates_like_the_tokens(tmp_path, capsys):
 
 # -- predicted against the server's events --
 
-def predicted_messages(kv, result, trace, block_size, lose=None):
+def predicted_messages(kv, result, trace, block_size, lose=None, swap=None):
     """The simulation's own events, encoded with vLLM's classes as a server would publish them."""
     from pagetrace.sim.compare import predicted_items
 
@@ -221,7 +221,10 @@ def predicted_messages(kv, result, trace, block_size, lose=None):
     for it in items:
         by_step.setdefault(it.where, []).append(it)
     msgs = []
-    for seq, (where, its) in enumerate(by_step.items()):
+    steps = list(by_step.items())
+    if swap is not None:  # the server ran two steps' work the other way round
+        steps[swap], steps[swap + 1] = steps[swap + 1], steps[swap]
+    for seq, (where, its) in enumerate(steps):
         evs = [kv.BlockRemoved(block_hashes=[i.key], medium="GPU", group_idx=0) if i.kind == "removed" else
                stored(kv, [i.key], [0] * block_size, size=block_size, group_idx=0) for i in its]
         if seq != lose:
@@ -250,6 +253,15 @@ def test_compare_equal_gap_and_divergence(kv, tmp_path, capsys):
     doc = json.loads(out)["events"]
     assert code == 0 and not doc["equal"] and doc["gaps"] == [[1, 1]] and "sequence gap" in doc["first_divergence"]["reason"]
     assert "messages 1..1 missing" in err
+
+    (tmp_path / "swap.kvev").write_bytes(predicted_messages(kv, result, trace, 4, swap=0))
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "6", "--events", str(tmp_path / "swap.kvev"), "--json")
+    doc = json.loads(out)["events"]
+    assert code == 0 and not doc["equal"] and doc["same_items_any_order"] and doc["agree"] == 0
+    assert "depended on timing" in doc["first_divergence"]["reason"]
+    first = doc["first_divergence"]
+    assert first["pagetrace"]["where"] == "step 0" and first["server"]["where"] == "message 0, event 0"
+    assert first["pagetrace"]["hash"] != first["server"]["hash"] and first["server"]["request"] == "a"
 
     # the same trace simulated with a bigger pool: nothing is evicted, the server's first BlockRemoved is the divergence
     code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "64", "--events", str(tmp_path / "e.kvev"))
@@ -308,3 +320,34 @@ def test_live_listen_times_out_and_reads_a_publisher(kv):
     stream = ev.read_live(got, endpoint)
     assert [b.seq for b in stream.batches] == [0, 1, 2] and stream.gaps == []
     del zmq
+
+
+# -- what-if --
+
+def test_what_if_runs_each_setting_on_the_same_trace(tmp_path, capsys):
+    path = write(tmp_path, [{"prompt": list(range(1, 41)) + [100 + i], "output_len": 6, "arrival": i} for i in range(12)])
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "8", "--num-blocks", "24", "--json",
+                         "--what-if", "num-blocks=12", "--what-if", "block-size=16", "--what-if", "prefix-caching=off",
+                         "--what-if", "policy=sglang,num-blocks=40", "--what-if-chart", str(tmp_path / "w.svg"))
+    assert code == 0, err
+    rows = {r["label"]: r for r in json.loads(out)["what_if"]}
+    assert list(rows) == ["as given", "num-blocks=12", "block-size=16", "prefix-caching=off", "num-blocks=40,policy=sglang"]
+    assert rows["as given"]["hit_tokens"] == 11 * 40  # 5 blocks of 8 shared by every request after the first
+    assert rows["block-size=16"]["hit_tokens"] == 11 * 32  # 2 whole blocks of 16
+    assert rows["prefix-caching=off"]["hit_tokens"] == 0
+    assert rows["num-blocks=12"]["peak_used_blocks"] <= 11
+    svg = (tmp_path / "w.svg").read_text()
+    assert svg.count("<polyline") == 5 and "prefix-caching=off: hit rate 0.0%" in svg
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "8", "--num-blocks", "24", "--what-if", "num-blocks=12")
+    assert code == 0 and "what if" in out and "num-blocks=12" in out
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("num-blocks", "key=value"), ("colour=red", "keys: num-blocks"), ("policy=orca", "policy must be one of"),
+    ("prefix-caching=maybe", "on or off"), ("block-size=0", "positive integer"), ("num-blocks=2", "a request stores"),
+])
+def test_bad_what_if(tmp_path, capsys, spec, words):
+    path = write(tmp_path, [{"prompt": list(range(1, 41)), "output_len": 6}])
+    result = cli(capsys, "simulate", "--trace", path, "--block-size", "8", "--num-blocks", "24", "--what-if", spec)
+    assert_usage_error(result, "--what-if")
+    assert words in result[2]

@@ -58,6 +58,8 @@ def simulate(
     events: Annotated[str | None, typer.Option(metavar="FILE|tcp://HOST:PORT", help="The server's KV events (a recorded file, or live from vLLM's ZMQ publisher): compare them with the blocks the simulation stores and removes. Needs --trace.")] = None,
     events_bind: Annotated[bool, typer.Option("--events-bind", help="Bind the --events endpoint instead of connecting: vLLM's publisher connects when its endpoint has no wildcard (tcp://127.0.0.1:5557).")] = False,
     events_timeout: Annotated[float, typer.Option(help="Live --events: stop listening after this many seconds without a message.")] = 10.0,
+    what_if: Annotated[list[str] | None, typer.Option("--what-if", metavar="KEY=VALUE,...", help="Run the same workload again with other settings (num-blocks, block-size, policy, prefix-caching=on|off, max-num-batched-tokens, max-num-seqs) and compare hit rate, blocks in use and preemptions in one table; repeat for more.")] = None,
+    what_if_chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the blocks in use over time of each --what-if run (and the run as given) as SVG.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
 ) -> None:
@@ -115,7 +117,16 @@ def simulate(
     live = events is not None and events.startswith(("tcp://", "ipc://"))
     if events_bind and not live:
         raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
-    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png}
+    from ..sim.whatif import Setting, parse_what_if
+
+    base_setting = Setting(num_blocks, block_size, policy, prefix_caching, max_num_batched_tokens, max_num_seqs)
+    settings = [parse_what_if(spec, base_setting, POLICIES) for spec in what_if or ()]
+    for st in settings:
+        if st.num_blocks > MAX_BLOCKS or st.block_size > MAX_BLOCK_SIZE or st.max_num_seqs > MAX_SEQS or st.max_num_batched_tokens > MAX_TOKENS:
+            raise UsageError("--what-if", st.label(base_setting), "a value past the simulator's limits (those of --num-blocks, --block-size, --max-num-seqs, --max-num-batched-tokens)")
+    if what_if_chart and not settings:
+        raise UsageError("--what-if-chart", what_if_chart, "draws the --what-if runs; give at least one --what-if")
+    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--what-if-chart": what_if_chart}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
     if trace is not None:
@@ -126,10 +137,12 @@ def simulate(
             raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
         trace_doc = read_trace(text, block_size, trace)
         workload = trace_doc.requests
+        fresh = lambda bs: read_trace(text, bs, trace).requests  # noqa: E731 - a run changes its requests
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
         workload = synthetic(spec)
+        fresh = lambda bs: synthetic(spec)  # noqa: E731
     last = max(r.arrival for r in workload)
     if last >= MAX_STEPS:
         option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
@@ -176,7 +189,13 @@ def simulate(
         from ..sim.explain import explain_requests
 
         explained = explain_requests(result, block_size)
+    outcomes = _what_ifs(result, base_setting, settings, fresh, max_model_len, chunked_prefill, json_output) if settings else []
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
+    if what_if_chart:
+        from ..files import write_outputs
+        from ..sim.pictures import what_if_svg
+
+        written += write_outputs([(what_if_chart, what_if_svg(outcomes).encode())])
     if json_output:
         doc = {
             "config": {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
@@ -192,6 +211,8 @@ def simulate(
             "written": written,
         }
         doc["summary"]["vllm_metric"] = _metric(result)
+        if outcomes:
+            doc["what_if"] = [o.to_json() for o in outcomes]
         if comparison is not None:
             doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
                              "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
@@ -211,6 +232,38 @@ def simulate(
         out.print(render_explained(result.requests, explained))
     if comparison is not None:
         out.print(render_comparison(comparison, stream, events))
+    if outcomes:
+        from ..render_sim import render_what_if
+
+        out.print(render_what_if(outcomes))
+
+
+def _what_ifs(result, base, settings, fresh, max_model_len, chunked_prefill, quiet):
+    """The run as given, then each --what-if setting on a fresh copy of the workload."""
+    from ..errors import UsageError
+    from ..sim.run import simulate as run_simulation
+    from ..sim.scheduler import SchedulerConfig
+    from ..sim.whatif import outcome
+
+    out = [outcome("as given", base, result)]
+    for st in settings:
+        label = st.label(base)
+        pool_tokens = (st.num_blocks - 1) * st.block_size
+        try:
+            reqs = fresh(st.block_size)
+        except UsageError as exc:
+            raise UsageError("--what-if", label, str(exc).split(": ", 2)[-1]) from None
+        mml = min(max_model_len, pool_tokens)
+        longest = max(len(r.prompt) + len(r.output) - 1 for r in reqs)
+        if longest > mml:
+            raise UsageError("--what-if", label, f"a request stores {longest} tokens; {st.num_blocks - 1} usable blocks of {st.block_size} hold {pool_tokens}")
+        config = SchedulerConfig(st.max_num_batched_tokens, st.max_num_seqs, chunked_prefill)
+        try:
+            r = run_simulation(reqs, st.num_blocks, st.block_size, config, st.prefix_caching, max_model_len=mml, policy=st.policy)
+        except ValueError as exc:
+            raise UsageError("--what-if", label, str(exc)) from None
+        out.append(outcome(label, st, r))
+    return out
 
 
 def _metric(result) -> dict:
