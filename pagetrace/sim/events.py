@@ -108,7 +108,7 @@ def _msgpack_decode(payload: bytes):
 
 
 def _hashes(value, name: str) -> list:
-    if not isinstance(value, list) or not all(isinstance(h, (int, bytes)) and not isinstance(h, bool) for h in value):
+    if type(value) is not list or not all(type(h) is int or type(h) is bytes for h in value):
         raise EventError(f"field {name!r} must be a list of block hashes (integers or bytes)")
     return value
 
@@ -132,7 +132,7 @@ def decode_event(raw) -> BlockStored | BlockRemoved | AllBlocksCleared:
         raise EventError(f"a {tag} lacks {', '.join(missing)}")
     if tag == "BlockStored":
         tokens, size = values["token_ids"], values["block_size"]
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        if type(tokens) is not list or not all(type(t) is int for t in tokens):  # (a bool's type is bool)
             raise EventError("field 'token_ids' must be a list of integers")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise EventError(f"field 'block_size' must be a positive integer, not {size!r}")
@@ -176,7 +176,22 @@ def decode_message(frames: list[bytes], where: str) -> tuple[Batch, list[str]]:
 
 
 def read_messages(messages: Iterable[tuple[str, list[bytes]]], source: str = "") -> EventStream:
-    """Decode messages (each with where it came from), checking the sequence numbers."""
+    """Decode messages (each with where it came from), checking the sequence numbers.
+
+    Python's cyclic collector is paused meanwhile: the events make no cycles, and its passes
+    over every token list kept so far cost most of the time (bench/README.md)."""
+    import gc
+
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _read_messages(messages, source)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _read_messages(messages, source: str) -> EventStream:
     stream = EventStream(source=source)
     expected = 0
     for where, frames in messages:
