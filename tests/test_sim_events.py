@@ -351,3 +351,28 @@ def test_bad_what_if(tmp_path, capsys, spec, words):
     result = cli(capsys, "simulate", "--trace", path, "--block-size", "8", "--num-blocks", "24", "--what-if", spec)
     assert_usage_error(result, "--what-if")
     assert words in result[2]
+
+
+# -- the committed recording of a real server (examples/README.md) --
+
+EXAMPLE = ["--num-blocks", "16", "--block-size", "32", "--max-num-batched-tokens", "2048", "--max-num-seqs", "16", "--max-model-len", "448"]
+
+
+def test_the_recorded_server_is_predicted(capsys, tmp_path):
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parent.parent / "examples"
+    for trace in ("server_trace.jsonl", "server_trace_private.jsonl"):
+        code, out, err = cli(capsys, "simulate", "--trace", str(ex / trace), "--events", str(ex / "server_events.kvev"), *EXAMPLE, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["events"]["equal"] and doc["events"]["agree"] == 29 and doc["events"]["messages"] == 7
+    by_id = {r["id"]: r for r in doc["requests"]}
+    assert by_id["again"]["evicted_blocks"] == [{"block": 0, "step": 296, "by": "long"}, {"block": 1, "step": 296, "by": "long"}]
+    assert by_id["samples.1"]["hit_while_written"] == [{"block": 2, "by": "samples.0"}]
+    data = (ex / "server_events.kvev").read_bytes()
+    (tmp_path / "cut.kvev").write_bytes(data[:3000])
+    code, out, err = cli(capsys, "simulate", "--trace", str(ex / "server_trace.jsonl"), "--events", str(tmp_path / "cut.kvev"), *EXAMPLE, "--json")
+    doc = json.loads(out)["events"]
+    assert code == 0 and doc["agree"] == 22 and "message 4 at byte 2879: truncated" in err
+    assert doc["first_divergence"]["reason"].startswith("the server's events end early")

@@ -192,7 +192,10 @@ def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
             return doc
         divergence = {"item": agree, "pagetrace": side(a, True), "server": side(b, False)}
         gap_items = _items_before_gaps(stream, serv)
-        if gap_items is not None and agree >= gap_items:
+        cut = next((p for p in stream.problems if p.endswith("reading stopped there")), None)
+        if b is None and cut is not None:
+            divergence["reason"] = f"the server's events end early: {cut}"
+        elif gap_items is not None and agree >= gap_items:
             divergence["reason"] = "messages are missing from the server's stream here (a sequence gap)"
         elif same:
             divergence["reason"] = ("the same blocks were stored and removed in another order: the server's schedule depended "
