@@ -376,3 +376,42 @@ def test_the_recorded_server_is_predicted(capsys, tmp_path):
     doc = json.loads(out)["events"]
     assert code == 0 and doc["agree"] == 22 and "message 4 at byte 2879: truncated" in err
     assert doc["first_divergence"]["reason"].startswith("the server's events end early")
+
+
+def test_live_events_on_the_command_line(kv, tmp_path, capsys):
+    """`--events tcp://... --events-bind` against vLLM's own ZmqEventPublisher, which connects
+    to an endpoint without a wildcard; and a silent endpoint ends with exit 1 after the timeout."""
+    import socket
+    import threading
+    import time
+
+    from pagetrace.sim.compare import predicted_items
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    path = write(tmp_path, [{"prompt": list(range(1, 10)), "output": [50, 51, 52, 53]}])  # 12 tokens computed: 3 blocks
+    trace = read_trace(open(path).read(), 4, path)
+    result = simulate(trace.requests, 8, 4, record_events=True)
+    hashes = [i.key for i in predicted_items(result, trace, 4, "hash")]
+    pub = kv.ZmqEventPublisher(0, endpoint=endpoint, topic="kv-events")
+    try:
+        def send():
+            time.sleep(1.0)  # the listener binds, the publisher reconnects
+            pub.publish(kv.KVEventBatch(ts=time.time(), events=[stored(kv, hashes[:2], list(range(1, 9)), group_idx=0)]))
+            pub.publish(kv.KVEventBatch(ts=time.time(), events=[stored(kv, hashes[2:], [9, 50, 51, 52], parent=hashes[1], group_idx=0)]))
+        threading.Thread(target=send, daemon=True).start()
+        code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "8", "--events", endpoint,
+                             "--events-bind", "--events-timeout", "3", "--json")
+    finally:
+        pub.shutdown()
+    assert code == 0, err
+    doc = json.loads(out)["events"]
+    assert doc["equal"] and doc["messages"] == 2 and doc["agree"] == 3
+    start = time.monotonic()
+    code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "8", "--events", endpoint, "--events-timeout", "0.5")
+    lines = err.strip().splitlines()
+    assert code == 1 and out == "" and len(lines) == 2 and lines[0].startswith("listening on ")  # the status, then the failure
+    assert "no KV events message within 0.5 s" in lines[1] and "--events-bind" in err and time.monotonic() - start < 10

@@ -285,7 +285,7 @@ def _read_events(source: str, bind: bool, timeout: float, quiet: bool):
     try:
         if source.startswith(("tcp://", "ipc://")):
             if not quiet:
-                err.print(f"listening on {source} ({'bound' if bind else 'connected'}) until {timeout:g} s pass without a message", markup=False)
+                err.print(f"listening on {source} ({'bound' if bind else 'connected'}) until {timeout:g} s pass without a message", markup=False, soft_wrap=True)
             stream = ev.read_live(ev.listen(source, bind=bind, idle_timeout=timeout), source)
         else:
             stream = ev.read_file(source)
