@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
-from .errors import plural
 from .render import header
 from .sim.baselines import CATEGORIES
 from .sim.scheduler import StepRecord
@@ -163,12 +162,13 @@ def render_explained(requests, explained: list[dict]) -> Table:
             if e["step"] is not None:
                 key = f"evicted at step {e['step']} by {e['by']}"
                 notes[key] = notes.get(key, 0) + 1
-        for e in doc.get("hit_while_written", []):
-            key = f"hit while {e['by']} writes it"
-            notes[key] = notes.get(key, 0) + 1
+        writers = list(dict.fromkeys(e["by"] for e in doc.get("hit_while_written", [])))
+        parts = [k + (f" (x{n})" if n > 1 else "") for k, n in notes.items()]
+        if writers:
+            parts.append(f"hit while written by {', '.join(writers)}")
         if doc.get("recomputed_hit_tokens"):
-            notes[f"{doc['recomputed_hit_tokens']} hit tokens again after preemption"] = 0
-        by = "; ".join(k + (f" ({plural(n, 'block')})" if n else "") for k, n in notes.items())
+            parts.append(f"{doc['recomputed_hit_tokens']} tokens hit again after preemption")
+        by = "; ".join(parts)
         table.add_row(req.request_id, str(req.prompt_len), str(why["hit"]), str(why["partial block"]), str(why["evicted"]),
                       str(why["different extra key"]), str(why["first seen"]), by)
     return table

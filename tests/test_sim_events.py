@@ -415,3 +415,19 @@ def test_live_events_on_the_command_line(kv, tmp_path, capsys):
     lines = err.strip().splitlines()
     assert code == 1 and out == "" and len(lines) == 2 and lines[0].startswith("listening on ")  # the status, then the failure
     assert "no KV events message within 0.5 s" in lines[1] and "--events-bind" in err and time.monotonic() - start < 10
+
+
+def test_a_concurrent_recording_diverges_for_timing_and_says_so(capsys):
+    """The same seven requests sent at once to the same server (examples/README.md): they all
+    arrive at step 0 in the trace, while the server's first step took only the first one."""
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parent.parent / "examples"
+    code, out, err = cli(capsys, "simulate", "--trace", str(ex / "server_concurrent_trace.jsonl"),
+                         "--events", str(ex / "server_concurrent_events.kvev"), *EXAMPLE, "--json")
+    assert code == 0, err
+    doc = json.loads(out)["events"]
+    first = doc["first_divergence"]
+    assert not doc["equal"] and doc["agree"] == 2  # the first request's two prefix blocks
+    assert first["pagetrace"]["request"] == "salted" and first["server"]["request"] == "shares"
+    assert "sent concurrently" in first["reason"] and "agree on the first 2 events" in first["reason"]

@@ -197,6 +197,10 @@ def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
             divergence["reason"] = f"the server's events end early: {cut}"
         elif gap_items is not None and agree >= gap_items:
             divergence["reason"] = "messages are missing from the server's stream here (a sequence gap)"
+        elif trace.header is not None and trace.header.source.get("sequential") is False:
+            divergence["reason"] = ("the trace was recorded with requests sent concurrently: its arrival steps are estimated "
+                                    "from send times, and which requests the server's steps took depended on when they reached it; "
+                                    f"the two agree on the first {agree} events")
         elif same:
             divergence["reason"] = ("the same blocks were stored and removed in another order: the server's schedule depended "
                                     "on timing (when requests arrived between its steps), which the trace's arrival steps only estimate")
