@@ -30,6 +30,7 @@ class Item:
     where: str  # "step 4" / "message 3, event 0"
     request: str | None = None  # the request that stored it, or whose allocation evicted it
     block: int | None = None  # the block's index in that request
+    seq: int | None = None  # the server's message sequence number
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[
         for k, ev in enumerate(batch.events):
             where = f"message {batch.seq}, event {k}"
             if isinstance(ev, AllBlocksCleared):
-                items.append(Item("cleared", None, where))
+                items.append(Item("cleared", None, where, seq=batch.seq))
                 continue
             if ev.group_idx not in (None, 0):
                 skipped += 1
@@ -132,13 +133,13 @@ def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[
                         parent = hash((parent, tuple(ev.token_ids[i * block_size:(i + 1) * block_size]),
                                        tuple(extra) if extra else None))
                         content[h] = parent
-                        items.append(Item("stored", parent, where))
+                        items.append(Item("stored", parent, where, seq=batch.seq))
                     else:
-                        items.append(Item("stored", h, where))
+                        items.append(Item("stored", h, where, seq=batch.seq))
             elif isinstance(ev, BlockRemoved):
                 for h in ev.block_hashes:
                     h = _norm(h)
-                    items.append(Item("removed", content.get(h, ("unseen", h)) if mode == "content" else h, where))
+                    items.append(Item("removed", content.get(h, ("unseen", h)) if mode == "content" else h, where, seq=batch.seq))
     return items, notes, skipped
 
 
@@ -211,10 +212,4 @@ def _items_before_gaps(stream: EventStream, serv: list[Item]) -> int | None:
     if not stream.gaps:
         return None
     first_missing = stream.gaps[0][0]
-    n = 0
-    for item in serv:
-        seq = int(item.where.split()[1].rstrip(","))
-        if seq > first_missing:
-            break
-        n += 1
-    return n
+    return sum(1 for item in serv if item.seq < first_missing)

@@ -103,13 +103,19 @@ def record(url: str, model: str, sends: list[Send], *, block_size: int | None = 
     lock = threading.Lock()
 
     def one(send: Send, t: float, step: int) -> None:
-        outs = complete(url, model, send, timeout)
+        try:
+            outs = complete(url, model, send, timeout)
+        except BaseException as exc:  # raised after every request has been sent
+            failure.append(exc)
+            return
         with lock:
             writer.add(TraceRecord(send.id, list(send.prompt), send.max_tokens, step, t, outs, send.n, send.cache_salt, None, send.priority))
 
     try:
         for send in sends:
             t = time.monotonic() - start
+            if failure:
+                break
             if sequential:
                 one(send, t, arrival)
                 arrival += len(send.prompt) + send.max_tokens + 1  # at most one step per token, then idle
