@@ -94,17 +94,16 @@ class EventStream:
 _decoder = None
 
 
-def _msgpack_decode(payload: bytes):
+def _load_decoder():
     global _decoder
-    if _decoder is None:
-        try:
-            import msgspec
-        except ImportError:  # pragma: no cover - msgspec comes with vLLM and the vllm extra
-            from ..errors import RuntimeFailure
+    try:
+        import msgspec
+    except ImportError:  # msgspec comes with vLLM and the vllm extra
+        from ..errors import RuntimeFailure
 
-            raise RuntimeFailure("reading KV events needs msgspec: pip install 'pagetrace[vllm]' (or pip install msgspec)") from None
-        _decoder = msgspec.msgpack.Decoder()
-    return _decoder.decode(payload)
+        raise RuntimeFailure("reading KV events needs msgspec: pip install 'pagetrace[vllm]' (or pip install msgspec)") from None
+    _decoder = msgspec.msgpack.Decoder()
+    return _decoder
 
 
 def _hashes(value, name: str) -> list:
@@ -156,10 +155,9 @@ def decode_message(frames: list[bytes], where: str) -> tuple[Batch, list[str]]:
         raise EventError(f"{where}: the sequence number is {len(seq_bytes)} bytes, not {SEQ_BYTES}")
     seq = int.from_bytes(seq_bytes, "big", signed=True)
     where = f"{where} (sequence number {seq})"
+    decoder = _decoder or _load_decoder()  # outside the try: a missing msgspec is no bad message
     try:
-        obj = _msgpack_decode(payload)
-    except EventError:
-        raise
+        obj = decoder.decode(payload)
     except Exception as exc:  # msgspec.DecodeError: truncated or not msgpack
         raise EventError(f"{where}: the payload of {len(payload)} bytes is not a whole msgpack EventBatch ({exc})") from None
     if (not isinstance(obj, list) or len(obj) < 2 or isinstance(obj[0], bool) or not isinstance(obj[0], (int, float))
