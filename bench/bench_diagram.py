@@ -23,12 +23,12 @@ SVG and PNG renders.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
-import os
 import time
 
-from pagetrace.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render, terminal_mapping
+from pagetrace.views.diagram import MappingView, SequenceMap, dot_source, find_engine, layout_cells, render, terminal_mapping
 
 NUM_BLOCKS, BLOCK_SIZE, NUM_SEQS, SEQ_LEN, PREFIX_BLOCKS = 4096, 16, 8, 32768, 1792
 HUGE_POOL = 1 << 22

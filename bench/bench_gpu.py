@@ -60,7 +60,7 @@ def main() -> None:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from pagetrace.attention import load_kernel, plan_kernel
+    from pagetrace.attention.api import load_kernel, plan_kernel
 
     kernel = load_kernel(interpret=False)
     device = torch.device("cuda")
@@ -120,7 +120,7 @@ def prefill_table(quick: bool) -> None:
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from pagetrace.attention import load_kernel, plan_kernel
+    from pagetrace.attention.api import load_kernel, plan_kernel
 
     kernel = load_kernel(interpret=False)
     device = torch.device("cuda")

@@ -92,7 +92,7 @@ def against_sdpa(quick: bool) -> list[dict]:
     from pagetrace import paged_attention
 
     torch.set_num_threads(os.cpu_count() or 1)
-    from pagetrace.reference import layout_cache
+    from pagetrace.attention.reference import layout_cache
 
     cases = [(4096, 1, "nhd"), (4096, 512, "nhd")] if quick else [
         (4096, 1, "nhd"), (32768, 1, "nhd"), (4096, 1, "hnd"), (4096, 1, "vllm"), (4096, 512, "nhd"), (4096, 4096, "nhd")]
@@ -136,7 +136,8 @@ def chunk_sizes(kib: list[int]) -> None:
     import torch
     import torch.nn.functional as F
 
-    from pagetrace import paged_attention, torch_path
+    from pagetrace import paged_attention
+    from pagetrace.attention import torch_path
 
     torch.set_num_threads(os.cpu_count() or 1)
     args, k, v = paged_inputs(32, 8, 128, 4096, 1)

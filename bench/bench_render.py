@@ -19,8 +19,8 @@ from contextlib import nullcontext
 
 from rich.console import Console
 
+from pagetrace.attention.traced_run import execute, prepare
 from pagetrace.commands.run import render, repeated_blocks, run_json  # noqa: E402
-from pagetrace.traced_run import execute, prepare
 
 
 def timed(fn):

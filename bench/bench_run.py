@@ -60,8 +60,8 @@ def one_point(backend: str, heads: int, kv_heads: int, head_dim: int, tokens: in
     import torch
 
     from pagetrace import paged_attention
-    from pagetrace.plan import plan_tables
-    from pagetrace.workload import make_workload
+    from pagetrace.attention.workload import make_workload
+    from pagetrace.paging.plan import plan_tables
 
     torch.set_num_threads(os.cpu_count() or 1)
     plan = plan_tables([tokens], None, 16)

@@ -2,7 +2,7 @@
 would make, compiled for sm_90 and sm_80 with Triton's own ptxas.
 
     python bench/compile_report.py                  # the representative configs (as CI compiles)
-    python bench/compile_report.py --full           # the full matrix (pagetrace/compile_matrix.py)
+    python bench/compile_report.py --full           # the full matrix (pagetrace/attention/compile_matrix.py)
     python bench/compile_report.py --fixes --save after.json --compare bench/compile_before.json
     python bench/compile_report.py --prefill --save after.json --compare before.json
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pagetrace.compile_matrix import ARCH_NAMES, compile_configs, from_record, full_matrix, representative  # noqa: E402
-from pagetrace.gpu_compile import Compiled, Config  # noqa: E402
+from pagetrace.attention.compile_matrix import ARCH_NAMES, compile_configs, from_record, full_matrix, representative  # noqa: E402
+from pagetrace.attention.gpu_compile import Compiled, Config  # noqa: E402
 
 TILES = ("q", "k", "v")  # the loads shown per launch; the rest are a few scalars per program
 PRODUCTION = dict(block_size=16, head_dim=128, num_heads=32, num_kv_heads=8)

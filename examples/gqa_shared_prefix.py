@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pagetrace.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
-from pagetrace.plan import plan_tables
+from pagetrace.paging.plan import plan_tables
+from pagetrace.views.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
 
 SVG = Path(__file__).with_suffix(".svg")
 BLOCK_SIZE = 16
@@ -30,8 +30,8 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 8, 2, 16
 
 def attention_mass(plan) -> list[list[float]]:
     """Per sequence, per logical block: its tokens' attention weights summed, head-averaged."""
-    from pagetrace.reference import reference_attention
-    from pagetrace.workload import make_workload
+    from pagetrace.attention.reference import reference_attention
+    from pagetrace.attention.workload import make_workload
 
     w = make_workload(plan, num_heads=NUM_HEADS, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM, layout="nhd")
     ref = reference_attention(

@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pagetrace.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
-from pagetrace.plan import plan_tables
+from pagetrace.paging.plan import plan_tables
+from pagetrace.views.diagram import MappingView, SequenceMap, block_mass, find_engine, graphviz_pure_engine, write_diagrams
 
 SVG = Path(__file__).with_suffix(".svg")
 
@@ -25,7 +25,7 @@ SVG = Path(__file__).with_suffix(".svg")
 def attention_mass(plan) -> list[float]:
     """Per logical block: the sum of its tokens' attention weights, as the kernel computed them."""
     from pagetrace import paged_attention
-    from pagetrace.workload import make_workload
+    from pagetrace.attention.workload import make_workload
 
     w = make_workload(plan)  # seed 0: key cache, value cache, query, as in the worked example
     _, trace = paged_attention(w.query, w.key_cache, w.value_cache, w.block_tables, w.seq_lens, layout="blocks", trace=True)

@@ -6,10 +6,10 @@ triton load only when `paged_attention` (or the `run` command) is first used.
 
 from __future__ import annotations
 
-from .blocks import TokenLocation, coverage, locate, slot_mapping
 from .errors import RuntimeFailure, UsageError
-from .layouts import LAYOUTS, make_geometry, vector_address
-from .lookup import trace_token
+from .paging.blocks import TokenLocation, coverage, locate, slot_mapping
+from .paging.layouts import LAYOUTS, make_geometry, vector_address
+from .paging.lookup import trace_token
 
 __version__ = "0.1.0"
 
@@ -30,7 +30,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "paged_attention":
-        from .attention import paged_attention
+        from .attention.api import paged_attention
 
         return paged_attention
     raise AttributeError(f"module 'pagetrace' has no attribute {name!r}")

@@ -12,8 +12,6 @@ the same codes and messages as the `pagetrace` binary.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import sys
@@ -22,7 +20,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from .cli_types import core, exceptions, types
+from .commands.options import core, exceptions, types
 from .errors import RuntimeFailure, UsageError
 
 
@@ -68,7 +66,7 @@ class PagetraceGroup(TyperGroup):
 
 def strict_numbers(command: core.Command) -> None:
     """Give every plain int and float option of `command` the ASCII-only parser."""
-    from .cli_types import ASCII_FLOAT, ASCII_INT
+    from .commands.options import ASCII_FLOAT, ASCII_INT
 
     ranged = getattr(types, "_NumberRangeBase", ())
     for param in command.params:
@@ -105,38 +103,6 @@ def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print pagetrace's version and exit.")] = False,
 ) -> None:
     """See PagedAttention: where each token's keys and values live in a paged KV cache."""
-
-
-def stdout_console():
-    from rich.console import Console
-
-    return Console(highlight=False)
-
-
-def stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-def _finite(value: Any) -> Any:
-    """The document with NaN and infinities as null: JSON has no such numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def emit_json(document: Any) -> None:
-    """Write exactly one JSON document on stdout (non-finite numbers become null)."""
-    try:
-        text = json.dumps(document, indent=2, allow_nan=False)
-    except ValueError:
-        text = json.dumps(_finite(document), indent=2, allow_nan=False)
-    sys.stdout.write(text + "\n")
 
 
 # the commands, in --help's order: each module (pagetrace/commands/NAME.py) is imported and made a

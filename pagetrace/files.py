@@ -26,9 +26,11 @@ cannot write. The temporary name never outgrows the limit: a long name gets a sh
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
+from typing import Any
 
 from .errors import RuntimeFailure, UsageError
 
@@ -117,7 +119,7 @@ def _check_folder(option: str, path: str, folder: str) -> None:
 
 
 # the format each file option writes, and the extensions that name a format
-OPTION_FORMATS = {"--svg": "svg", "--png": "png", "--dot": "dot", "--chart": "svg", "--tables-svg": "svg", "--tables-png": "png"}
+OPTION_FORMATS = {"--svg": "svg", "--png": "png", "--dot": "dot", "--chart": "svg", "--tables-svg": "svg", "--tables-png": "png", "--html": "html"}
 EXTENSION_FORMATS = {".svg": "svg", ".png": "png", ".dot": "dot", ".gv": "dot", ".jpg": "jpeg", ".jpeg": "jpeg", ".pdf": "pdf", ".gif": "gif", ".webp": "webp", ".json": "json", ".html": "html"}
 OPTION_FOR_FORMAT = {"svg": "--svg", "png": "--png", "dot": "--dot"}
 
@@ -247,3 +249,14 @@ def write_outputs(outputs: list[tuple[str, bytes]]) -> list[str]:
 def write_output(path: str, data: bytes) -> str:
     """Write one output by the rules above; return its path."""
     return write_outputs([(path, data)])[0]
+
+
+def json_safe(value: Any) -> Any:
+    """The document with NaN and infinities as null: JSON has no such numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

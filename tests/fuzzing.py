@@ -95,6 +95,7 @@ dtype = st.sampled_from(["fp32", "FP16", "half", "bfloat16", "float", "fp8", "fp
 # (a 10,000-example run before the file-safety fix found `--dot xxx...x.svg`, 300 bytes,
 # exiting 1 as an internal error)
 path = st.sampled_from(["out.svg", "out.dot", "no/such/dir/x.svg", "", "sub", "-", "--json", "x" * 300 + ".svg"])
+html_path = st.sampled_from(["out.html", "page", "out.svg", "no/such/dir/x.html", "", "sub", "-", "--json", "x" * 300 + ".html"])  # --html
 
 
 def options(pairs: dict) -> st.SearchStrategy[list[str]]:

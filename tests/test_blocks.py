@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagetrace.blocks import check_table, coverage, locate, parse_int_list, slot_mapping
+from pagetrace.paging.blocks import check_table, coverage, locate, parse_int_list, slot_mapping
 from pagetrace.errors import UsageError
-from pagetrace.plan import plan_tables
+from pagetrace.paging.plan import plan_tables
 
 
 def test_worked_example_lookup():
@@ -89,7 +89,7 @@ def test_plan_refuses(seq_lens, tables, num_blocks, option):
 def test_sizes_are_bounded_before_any_work():
     import time
 
-    from pagetrace.blocks import MAX_BLOCKS
+    from pagetrace.paging.blocks import MAX_BLOCKS
 
     start = time.perf_counter()
     with pytest.raises(UsageError) as err:

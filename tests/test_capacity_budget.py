@@ -15,7 +15,7 @@ import json
 import pytest
 
 from conftest import assert_usage_error, cli
-from pagetrace.capacity import parameter_count, read_config
+from pagetrace.sim.capacity import parameter_count, read_config
 
 LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B-Instruct's config.json, the fields that size it
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,

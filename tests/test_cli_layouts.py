@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import assert_usage_error, cli
-from pagetrace.layouts import LAYOUTS, make_geometry, table_markdown
+from pagetrace.paging.layouts import LAYOUTS, make_geometry, table_markdown
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -89,8 +89,8 @@ def test_wide_numbers_are_never_cut(width):
     """At 80 columns a table of six-digit blocks elides whole entries ('N more'), never digits."""
     from rich.console import Console
 
-    from pagetrace.lookup import trace_token
-    from pagetrace.render import render_lookup
+    from pagetrace.paging.lookup import trace_token
+    from pagetrace.views.text import render_lookup
 
     table = list(range(100001, 100014))
     console = Console(width=width, record=True, color_system=None)

@@ -63,7 +63,7 @@ def test_prefill_diagram_shades_masked_keys(capsys, tmp_path):
     sees none of is drawn in the masked colour, not by its (zero) attention mass."""
     import re
 
-    from pagetrace.diagram.style import MASKED_FILL
+    from pagetrace.views.diagram.style import MASKED_FILL
 
     dot = tmp_path / "m.dot"
     code, _, err = cli(capsys, "run", "--tokens", "38,20", "--query-len", "6,1", "--sliding-window", "9", "--query", "2", "--dot", str(dot))

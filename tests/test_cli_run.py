@@ -56,7 +56,7 @@ def test_shared_and_repeated_blocks(capsys):
 
 
 def test_failed_check_exits_1(capsys, monkeypatch):
-    from pagetrace import report
+    from pagetrace.attention import report
 
     monkeypatch.setitem(report.TOLERANCES, "fp32", 0.0)
     code, out, err = cli(capsys, "run", "--tokens", "38", "--json")
@@ -107,7 +107,7 @@ def test_memory_refusal_says_how_much(capsys):
 
 
 def test_run_draws_the_mapping_with_attention_mass(capsys, tmp_path):
-    from pagetrace.diagram import find_engine
+    from pagetrace.views.diagram import find_engine
 
     if find_engine() is None:  # scripts/gpu_check.sh runs this file on a GPU image without Graphviz
         pytest.skip("no Graphviz engine")
@@ -131,7 +131,7 @@ def test_run_prints_the_terminal_mapping(capsys):
 @pytest.fixture
 def nan_result(monkeypatch):
     """Make the kernel's output and one logit NaN, as a read of an unused slot would."""
-    from pagetrace import attention
+    from pagetrace.attention import api as attention
 
     real = attention.paged_attention
 
@@ -176,7 +176,7 @@ def test_show_heads_are_deduplicated(capsys):
 
 
 def test_a_nan_result_with_diagrams_still_prints_and_fails_cleanly(capsys, nan_result, tmp_path):
-    from pagetrace.diagram import find_engine
+    from pagetrace.views.diagram import find_engine
 
     if find_engine() is None:
         pytest.skip("no Graphviz engine")

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import cli
 
-from pagetrace.render_run import hidden_rows
-from pagetrace.report import TOLERANCES, compare
+from pagetrace.views.run import hidden_rows
+from pagetrace.attention.report import TOLERANCES, compare
 
 
 def test_torch_backend_claims_no_kernel_check(capsys):
@@ -79,7 +79,7 @@ def test_compare_at_the_tolerance(dtype, factor, passes):
 
 @pytest.fixture
 def known_error(monkeypatch):
-    from pagetrace import attention, reference
+    from pagetrace.attention import api as attention, reference
 
     real_attention, real_reference = attention.paged_attention, reference.reference_attention
     state = {}
@@ -116,7 +116,7 @@ def test_run_exits_1_just_over_the_tolerance(capsys, known_error, dtype, factor,
 def test_refusal_follows_the_available_memory(capsys, monkeypatch):
     """The same run is refused (exit 2, before any allocation) when the machine says it has
     less memory available than the cache takes, and runs when it has enough."""
-    from pagetrace import workload
+    from pagetrace.attention import workload
 
     args = ("run", "--tokens", "38", "--num-blocks", "20000", "--backend", "torch")  # a 20 MiB cache
     monkeypatch.setattr(workload, "available_memory_bytes", lambda: 8 << 20)
@@ -129,10 +129,10 @@ def test_refusal_follows_the_available_memory(capsys, monkeypatch):
 def test_large_cache_gets_a_memory_note(monkeypatch):
     from types import SimpleNamespace
 
-    from pagetrace import traced_run as run_command
-    from pagetrace.plan import plan_tables
+    from pagetrace.attention import traced_run as run_command
+    from pagetrace.paging.plan import plan_tables
 
-    monkeypatch.setattr("pagetrace.plan.available_memory_bytes", lambda: 3 << 30)
+    monkeypatch.setattr("pagetrace.paging.plan.available_memory_bytes", lambda: 3 << 30)
     setup = SimpleNamespace(plan=plan_tables([38], None, 16, 4194304), kv_heads=1, head_dim=8, dtype="fp32")
     note = run_command.memory_note(setup)
     assert "4.0 GiB" in note and "4,194,304 blocks" in note and "3.0 GiB of memory available" in note
@@ -141,7 +141,7 @@ def test_large_cache_gets_a_memory_note(monkeypatch):
 
 def test_a_wrong_slot_fails_the_run(capsys, monkeypatch):
     """A kernel that read token 5 from the wrong slot: exit 1 naming the slot, and the JSON lists it."""
-    from pagetrace import attention
+    from pagetrace.attention import api as attention
 
     real = attention.paged_attention
 

@@ -5,15 +5,15 @@ The launches come from the launcher itself (`attention.plan_kernel` on meta tens
 and go through Triton's own argument binder, so the tile choices and specialisations
 are the real ones. By default a representative set compiles (about half a minute on two
 cores, then cached); PAGETRACE_COMPILE_FULL=1 compiles the full matrix of
-pagetrace/compile_matrix.py (about 1,600 distinct variants: tens of minutes on 2 cores).
+pagetrace/attention/compile_matrix.py (about 1,600 distinct variants: tens of minutes on 2 cores).
 """
 
 import os
 
 import pytest
 
-from pagetrace.compile_matrix import UNSUPPORTED, compile_configs, full_matrix, production, representative
-from pagetrace.gpu_compile import ARCHS, Config
+from pagetrace.attention.compile_matrix import UNSUPPORTED, compile_configs, full_matrix, production, representative
+from pagetrace.attention.gpu_compile import ARCHS, Config
 
 FULL = os.environ.get("PAGETRACE_COMPILE_FULL", "0") == "1"
 CONTEXTS = [(n,) * batch for batch in (1, 16) for n in (1000, 1024, 3000, 4096, 16384, 131072)]
@@ -102,8 +102,8 @@ def test_offline_figures_match_the_driver_on_a_gpu():
     if arch not in ARCHS:
         pytest.skip(f"{arch} is not one of the compiled archs {sorted(ARCHS)}")
     from pagetrace import paged_attention
-    from pagetrace.attention import load_kernel
-    from pagetrace.gpu_compile import meta_inputs
+    from pagetrace.attention.api import load_kernel
+    from pagetrace.attention.gpu_compile import meta_inputs
 
     config = Config("nhd", "fp16", 16, 128, 32, 8, (4096,) * 4)
     shapes = [t.shape for t in meta_inputs(config)]

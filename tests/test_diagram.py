@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagetrace import diagram as dg
+from pagetrace.views import diagram as dg
 from pagetrace import files
-from pagetrace.diagram import engines
+from pagetrace.views.diagram import engines
 from pagetrace.cli import run_cli
-from pagetrace.diagram import MappingView, SequenceMap
+from pagetrace.views.diagram import MappingView, SequenceMap
 from pagetrace.errors import RuntimeFailure, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +227,7 @@ def test_a_pool_of_2_22_blocks_draws_at_once(engine):
 def test_cells_do_not_walk_the_pool():
     """A pool far past any real one still draws at once: only a walk over every block would notice its size."""
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from test_diagram import huge_pool_view; from pagetrace import diagram as dg;"
+        "import sys; sys.path.insert(0, sys.argv[1]); from test_diagram import huge_pool_view; from pagetrace.views import diagram as dg;"
         " from rich.console import Console; view = huge_pool_view(10**15); dg.dot_source(view);"
         " Console(file=open(__import__('os').devnull, 'w')).print(dg.terminal_mapping(view));"
         " print(dg.layout_cells(view).pool[-2].port)"
@@ -558,16 +558,16 @@ def test_engine_failure_is_a_runtime_failure(tmp_path):
 
 
 def test_diagram_module_needs_no_torch():
-    code = "import sys; sys.modules['torch'] = None; import pagetrace.diagram, pagetrace.commands.diagram; print('ok')"
+    code = "import sys; sys.modules['torch'] = None; import pagetrace.views.diagram, pagetrace.commands.diagram; print('ok')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
-    code = "import sys, pagetrace.diagram; print(sorted({'torch', 'graphviz', 'subprocess'} & set(sys.modules)))"
+    code = "import sys, pagetrace.views.diagram; print(sorted({'torch', 'graphviz', 'subprocess'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
 def test_the_cells_model_is_public_from_pagetrace_diagram():
-    from pagetrace.diagram import cells, model
+    from pagetrace.views.diagram import cells, model
 
     for name in dg.__all__:
         assert hasattr(dg, name), name
@@ -581,8 +581,8 @@ def test_lookup_prints_its_terminal_map_without_the_graphviz_side():
     """`lookup` with no file option loads the cells and the terminal view only: no graphviz, no DOT, no engines."""
     code = (
         "import sys; from pagetrace.cli import run_cli; code = run_cli(['lookup', '--token', '20']);"
-        " loaded = [m for m in ('graphviz', 'pagetrace.diagram.dot', 'pagetrace.diagram.engines', 'numpy', 'torch') if m in sys.modules];"
-        " print(code, loaded, 'pagetrace.diagram.terminal' in sys.modules, file=sys.stderr)"
+        " loaded = [m for m in ('graphviz', 'pagetrace.views.diagram.dot', 'pagetrace.views.diagram.engines', 'numpy', 'torch') if m in sys.modules];"
+        " print(code, loaded, 'pagetrace.views.diagram.terminal' in sys.modules, file=sys.stderr)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.stderr.strip() == "0 [] True", done.stderr

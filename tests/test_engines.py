@@ -15,7 +15,7 @@ from conftest import KERNEL_BACKEND, assert_usage_error, cli
 from pagetrace.engines import flashinfer, sglang
 from pagetrace.engines.bundle import BundleWriter
 from pagetrace.engines.views import as_tensors, check_view, describe, expected_view, geometry
-from pagetrace.layouts import LAYOUTS
+from pagetrace.paging.layouts import LAYOUTS
 from pagetrace.errors import UsageError
 
 NB, BS, H, D = 6, 4, 2, 8

@@ -26,7 +26,7 @@ DIAGRAM = ("diagram", "--tokens", "38", "--table", "7,2,15", "--num-blocks", "16
 @pytest.fixture
 def no_kernel(monkeypatch):
     """Fail the test if `run` reaches its kernel: the path checks come first."""
-    from pagetrace import attention
+    from pagetrace.attention import api as attention
 
     def kernel(*args, **kwargs):
         raise AssertionError("the kernel ran before the paths were checked")
@@ -110,7 +110,7 @@ def test_dev_stdout_is_written_through(capsys, tmp_path):
 
 def test_dash_writes_the_file_to_stdout_and_nothing_else(capsys):
     code, out, err = cli(capsys, *DIAGRAM, "--dot", "-")
-    from pagetrace.diagram import MappingView, SequenceMap, dot_source
+    from pagetrace.views.diagram import MappingView, SequenceMap, dot_source
 
     view = MappingView(16, 16, [SequenceMap("seq 0", 38, [7, 2, 15])])
     assert code == 0, err

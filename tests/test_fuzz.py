@@ -6,7 +6,7 @@ for a long local run; PAGETRACE_FUZZ_TIMEOUT (seconds, default 120) makes a hang
 """
 
 import pytest
-from fuzzing import check_invocation, dtype, fuzz_settings, number, options, path
+from fuzzing import check_invocation, dtype, fuzz_settings, html_path, number, options, path
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,7 +24,7 @@ RUN = {
     "--heads": tiny, "--kv-heads": tiny, "--num-blocks": st.sampled_from(["8", "41", "64", "0", "4194305", "1_0"]), "--dtype": dtype,
     "--layout": layout, "--seed": number, "--scale": st.sampled_from(["0.5", "-1", "1e7", "nan", "inf", "٣", ""]), "--token": number,
     "--seq": tiny, "--rows": st.sampled_from(["3", "all", "0", "-1", "x"]), "--show-heads": st.sampled_from(["0", "all", "0,0", "9", ""]),
-    "--device": st.sampled_from(["cpu", "CPU", "cuda", "cuda:7", "tpu"]), "--json": None, "--dot": path,
+    "--device": st.sampled_from(["cpu", "CPU", "cuda", "cuda:7", "tpu"]), "--json": None, "--dot": path, "--html": html_path,
 }
 LAYOUTS = {"--block-size": number, "--head-dim": number, "--kv-heads": number, "--num-blocks": number, "--dtype": dtype,
            "--layout": layout, "--json": None, "--markdown": None}

@@ -9,7 +9,7 @@ what the timeout is there to catch.
 import json
 
 import pytest
-from fuzzing import check_invocation, dtype, fuzz_settings, number, options, path
+from fuzzing import check_invocation, dtype, fuzz_settings, html_path, number, options, path
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -44,7 +44,7 @@ SIMULATE = {
     "--max-model-len": st.sampled_from(["1", "16", "2048", "0", "-1", "1000000000000"]), "--prefix-caching": None, "--no-prefix-caching": None,
     "--chunked-prefill": None, "--no-chunked-prefill": None, "--at": st.sampled_from(["0", "1", "5", "-1", "100000"]),
     "--timeline-rows": st.sampled_from(["0", "1", "30", "-1", "1000000000"]), "--svg": path, "--png": path, "--chart": path,
-    "--tables-svg": path, "--tables-png": path, "--json": None,
+    "--tables-svg": path, "--tables-png": path, "--json": None, "--html": html_path,
     "--policy": st.sampled_from(["vllm", "sglang", "sglang", "", "lru", "SGLANG"]),
 }
 CONFIG_KEYS = {k: FIELD_VALUE for k in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")}

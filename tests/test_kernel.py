@@ -11,11 +11,11 @@ import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
 from pagetrace import paged_attention
-from pagetrace.blocks import slot_mapping
-from pagetrace.plan import plan_tables
-from pagetrace.reference import reference_attention
-from pagetrace.report import TOLERANCES
-from pagetrace.workload import make_workload
+from pagetrace.paging.blocks import slot_mapping
+from pagetrace.paging.plan import plan_tables
+from pagetrace.attention.reference import reference_attention
+from pagetrace.attention.report import TOLERANCES
+from pagetrace.attention.workload import make_workload
 
 BLOCK_SIZES = [1, 3, 16, 24, 32]
 HEAD_DIMS = [8, 64, 80, 128]
@@ -127,8 +127,8 @@ def test_torch_backend_and_trace():
 
 
 def test_auto_backend_picks_by_work(monkeypatch):
-    from pagetrace import attention
-    from pagetrace.attention import resolve_backend
+    from pagetrace.attention import api as attention
+    from pagetrace.attention.api import resolve_backend
 
     cpu = torch.device("cpu")
     for warm in (False, True):  # the first interpreted call in a process costs about 0.6 s more
@@ -171,7 +171,7 @@ def test_api_refuses_tables_that_would_read_out_of_bounds(backend):
 
 
 def test_gpu_tile_sizes_fit_shared_memory():
-    from pagetrace.attention import GPU_TILE_BYTES, gpu_block_n
+    from pagetrace.attention.api import GPU_TILE_BYTES, gpu_block_n
 
     assert gpu_block_n(128, 2) == 64
     for head_dim in (8, 64, 80, 128, 256, 512):
@@ -184,7 +184,7 @@ def test_gpu_tile_sizes_fit_shared_memory():
 def test_gpu_prefill_tiles_by_dtype_and_head_dim():
     """vLLM's prefill tiles (16 rows, 32 keys) for 16-bit queries; fp32 halves the keys and
     narrows the rows from head_dim 256 on, where 16 rows spilled (bench/README.md)."""
-    from pagetrace.attention import gpu_block_n, gpu_prefill_tiles
+    from pagetrace.attention.api import gpu_block_n, gpu_prefill_tiles
 
     assert gpu_prefill_tiles(128, 2) == (16, 32)
     assert gpu_prefill_tiles(512, 2) == (16, 16)
@@ -245,7 +245,7 @@ def test_api_refuses_mismatched_dtypes_devices_and_tiles():
 @pytest.mark.parametrize("layout", ["hnd", "vllm", "nhd"])
 def test_kernel_on_caches_built_by_an_explicit_permute(layout):
     """The caches are laid out here by hand, from the engines' documented shapes, not
-    through `pagetrace.layouts`, and the expected output is attention over each
+    through `pagetrace.paging.layouts`, and the expected output is attention over each
     sequence's tokens gathered by plain indexing: a wrong axis order in LAYOUTS fails."""
     gen = torch.Generator().manual_seed(3)
     nb, bs, kvh, hd, heads = 9, 4, 2, 16, 4
@@ -280,7 +280,7 @@ def test_kernel_on_caches_built_by_an_explicit_permute(layout):
 
 
 def test_gpu_partitions_fill_the_sms_of_small_batches():
-    from pagetrace.attention import GPU_PARTITION, gpu_partition_size
+    from pagetrace.attention.api import GPU_PARTITION, gpu_partition_size
 
     # batch 1 x 8 KV heads x 1k tokens on 132 SMs: 16 partitions of 64 (128 programs), not 2 of 512
     assert gpu_partition_size(1024, 1, 8, 64, 132) == 64

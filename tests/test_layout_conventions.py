@@ -1,5 +1,5 @@
 """Each layout's shape and strides, pinned from the engines' own documentation, not from
-`pagetrace.layouts.LAYOUTS`: a wrong entry in that table cannot agree with itself here.
+`pagetrace.paging.layouts.LAYOUTS`: a wrong entry in that table cannot agree with itself here.
 
 Sources (the shapes written below by hand):
   blocks          the worked example: k_cache = torch.randn(num_blocks, block_size, head_dim)
@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from pagetrace.cli import app
-from pagetrace.layouts import make_geometry
-from pagetrace.lookup import trace_token
-from pagetrace.where import where_byte
+from pagetrace.paging.layouts import make_geometry
+from pagetrace.paging.lookup import trace_token
+from pagetrace.paging.where import where_byte
 
 NB, BS, H, D = 5, 4, 3, 16  # blocks, block size, KV heads, head dim
 

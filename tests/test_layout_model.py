@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagetrace.errors import UsageError
-from pagetrace.layouts import AXES, LAYOUTS, CacheGeometry, check_factors, make_geometry, table_markdown, vector_address
-from pagetrace.where import where_byte
+from pagetrace.paging.layouts import AXES, LAYOUTS, CacheGeometry, check_factors, make_geometry, table_markdown, vector_address
+from pagetrace.paging.where import where_byte
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -227,7 +227,7 @@ def test_the_documented_layout_table_is_the_table():
 def test_one_layout_table_in_the_package():
     """No second table or naming scheme: only layouts.py builds a `Layout`, and the names the
     engines' adapters and the CLI offer are the table's."""
-    from pagetrace.cli_types import layout_choice
+    from pagetrace.commands.options import layout_choice
 
     for path in (ROOT / "pagetrace").rglob("*.py"):
         text = path.read_text()
@@ -269,7 +269,7 @@ def test_as_tensors_of_amx_pages_feed_the_kernel():
 
 
 def test_runs_of_a_tiled_vector_are_said_as_groups():
-    from pagetrace.layouts import runs_text
+    from pagetrace.paging.layouts import runs_text
 
     geom = make_geometry("vllm-cpu-amx", 16, 32, 2, 32, "bf16")
     value = vector_address(geom, "value", 7, 20, 0)

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagetrace.errors import UsageError
-from pagetrace.layouts import KERNEL_LAYOUTS, make_geometry, vector_address
-from pagetrace.lookup import trace_token
-from pagetrace.reference import canonical_cache, layout_cache
+from pagetrace.paging.layouts import KERNEL_LAYOUTS, make_geometry, vector_address
+from pagetrace.paging.lookup import trace_token
+from pagetrace.attention.reference import canonical_cache, layout_cache
 
 
 def encoded_cache(num_blocks, block_size, heads, head_dim):
@@ -99,7 +99,7 @@ def test_geometry_refusals(kwargs, option):
 
 
 def test_head_dim_is_bounded():
-    from pagetrace.blocks import MAX_HEAD_DIM
+    from pagetrace.paging.blocks import MAX_HEAD_DIM
 
     with pytest.raises(UsageError) as err:
         make_geometry("nhd", 16, 16, 1, MAX_HEAD_DIM + 1, "fp32")

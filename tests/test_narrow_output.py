@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pagetrace.cli import app
-from pagetrace.render_sim import pick_steps
+from pagetrace.views.sim import pick_steps
 from pagetrace.sim.scheduler import StepRecord
 
 NARROW = {"COLUMNS": "80", "TERM": "dumb"}

@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import DEVICE, KERNEL_BACKEND, scrambled_tables
 
-from pagetrace import paged_attention, torch_path
-from pagetrace.layouts import KERNEL_LAYOUTS, LAYOUTS
-from pagetrace.reference import layout_cache
+from pagetrace import paged_attention
+from pagetrace.attention import torch_path
+from pagetrace.paging.layouts import KERNEL_LAYOUTS, LAYOUTS
+from pagetrace.attention.reference import layout_cache
 
 BACKENDS = [KERNEL_BACKEND, "torch"]
 TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pagetrace.cli import app
-from pagetrace.sim import pictures as pic
+from pagetrace.views import sim_pictures as pic
 from pagetrace.sim.run import CACHED, FREE
 from pagetrace.sim.scheduler import StepRecord
 
@@ -70,7 +70,7 @@ def test_the_words_are_in_both_and_the_png_has_them_drawn():
     svg = pic.occupancy_svg(ROWS, SHARED, "pool occupancy: 6 blocks x 3 steps", STEPS)
     for words in ("pool occupancy: 6 blocks x 3 steps", "free, still cached", "shared by several requests", "preemption", "eviction", "step 2", "block 5"):
         assert words in svg
-    from pagetrace.diagram.engines import find_engine
+    from pagetrace.views.diagram.engines import find_engine
 
     if find_engine() is None:
         pytest.skip("no Graphviz engine draws the PNG's text here (graphviz-pure is a dependency)")

@@ -163,8 +163,8 @@ def tokens(start: int, n: int) -> list[int]:
 
 
 def test_capacity_formula_matches_vllm(engine):
-    """pagetrace.capacity's bytes per block give vLLM's own pool size for the same budget."""
-    from pagetrace.capacity import ModelDims, capacity
+    """pagetrace.sim.capacity's bytes per block give vLLM's own pool size for the same budget."""
+    from pagetrace.sim.capacity import ModelDims, capacity
 
     llm, _ = engine
     pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool

@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 from rich.style import Style
 
-from pagetrace import diagram as dg
-from pagetrace.diagram import MappingView, SequenceMap
-from pagetrace.render import HIGHLIGHT
+from pagetrace.views import diagram as dg
+from pagetrace.views.diagram import MappingView, SequenceMap
+from pagetrace.views.text import HIGHLIGHT
 
 
 def worked_view() -> MappingView:

@@ -35,8 +35,9 @@ def capacity(
     max_num_batched_tokens: Annotated[int, typer.Option(help="With --gpu-memory and no --activation: the tokens of vLLM's profiling run, for the estimate.")] = 8192,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
-    from ..capacity import ModelDims, capacity as compute, dims_of, parse_memory, read_config
-    from ..cli import emit_json, stdout_console
+    from ..sim.capacity import ModelDims, dims_of, parse_memory, read_config
+    from ..sim.capacity import capacity as compute
+    from .output import emit_json, stdout_console
 
     cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms
     dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")
@@ -79,7 +80,7 @@ def capacity(
 
 def vllm_budget(cfg, config, dims, gpu_memory, utilization, weights, activation, non_torch, batched_tokens):
     """vLLM's KV budget on a device, each term from an option or, where it can be, the config."""
-    from ..capacity import activation_estimate, device_budget, dtype_bytes, parameter_count, parse_memory
+    from ..sim.capacity import activation_estimate, device_budget, dtype_bytes, parameter_count, parse_memory
 
     size = dtype_bytes(dims.dtype)
     if weights is not None:

@@ -22,9 +22,9 @@ def check(
     data: Annotated[bool, typer.Option("--data/--no-data", help="Also read the new tokens' K/V back through the layout (loads torch).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
-    from ..cli import emit_json, stdout_console
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.check import check_step
+    from .output import emit_json, stdout_console
 
     manifest = read_manifest(bundle)
     numbers = [s["step"] for s in manifest.steps] if step is None else [step]

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import parse_int_list
-from ..diagram import MappingView, SequenceMap
+from ..paging.blocks import parse_int_list
+from ..views.diagram import MappingView, SequenceMap
 
 HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
 EPILOG = "Example: pagetrace diagram --tokens 38 --table 7,2,15 --token 20 --svg mapping.svg --png mapping.png"
@@ -19,14 +19,28 @@ SvgOption = Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Wr
 PngOption = Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the block-mapping diagram as PNG (- for stdout).")]
 DotOption = Annotated[str | None, typer.Option("--dot", metavar="PATH", help="Write the diagram's Graphviz DOT source (- for stdout).")]
 
+HtmlOption = Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page (one self-contained HTML file: the --json data, drawn; no network).")]
 
-def report_console(svg: str | None, png: str | None, dot: str | None):
+
+def save_page(path: str, kind: str, document: dict, title: str, quiet: bool = False) -> str:
+    """Write the --html page of `document` (a command's --json document); say so on stderr unless `quiet`."""
+    from .output import stderr_console
+    from ..files import STDOUT
+    from ..views.page import write_page
+
+    written = write_page(path, kind, document, title)
+    if not quiet and path != STDOUT:
+        stderr_console().print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    return written
+
+
+def report_console(*paths: str | None):
     """Where a command prints its report: stdout, or stderr when a file option is `-`
     (stdout then carries that file and nothing else)."""
-    from ..cli import stderr_console, stdout_console
     from ..files import STDOUT
+    from .output import stderr_console, stdout_console
 
-    return stderr_console() if STDOUT in (svg, png, dot) else stdout_console()
+    return stderr_console() if STDOUT in paths else stdout_console()
 
 
 def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str | None, quiet: bool = False) -> dict | None:
@@ -38,9 +52,9 @@ def save_diagrams(view: MappingView, svg: str | None, png: str | None, dot: str 
     """
     if svg is None and png is None and dot is None:
         return None
-    from ..cli import stderr_console
-    from ..diagram import check_output_paths, find_engine, write_diagrams
     from ..files import STDOUT
+    from ..views.diagram import check_output_paths, find_engine, write_diagrams
+    from .output import stderr_console
 
     check_output_paths(svg, png, dot)
     engine = find_engine() if (svg is not None or png is not None) else None
@@ -71,10 +85,10 @@ def diagram(
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print a JSON summary of what was drawn and written, and nothing else on stdout.")] = False,
 ) -> None:
-    from ..cli import emit_json, stderr_console, stdout_console
-    from ..diagram import check_output_paths, check_view, layout_cells, terminal_mapping
     from ..errors import UsageError
-    from ..plan import plan_tables
+    from ..paging.plan import plan_tables
+    from ..views.diagram import check_output_paths, check_view, layout_cells, terminal_mapping
+    from .output import emit_json, stderr_console, stdout_console
 
     check_output_paths(svg, png, dot, json=json_output)
     seq_lens = parse_int_list(tokens, "--tokens")

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..cli_types import AliasChoice
 from ..errors import RuntimeFailure, UsageError
-from ..layouts import LAYOUTS, CacheGeometry, check_factors
+from ..paging.layouts import LAYOUTS, CacheGeometry, check_factors
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption
+from .options import AliasChoice
 
 HELP = (
     "The cache layouts every command reads: for each, the factors of the key and value buffers in memory order "
@@ -65,9 +65,9 @@ def layouts(
 ) -> None:
     import sys
 
-    from ..cli import emit_json, stdout_console
-    from ..dtypes import canonical_dtype
-    from ..layouts import make_geometry, table_markdown
+    from ..paging.dtypes import canonical_dtype
+    from ..paging.layouts import make_geometry, table_markdown
+    from .output import emit_json, stdout_console
 
     if markdown:
         if json_output or probe:  # --json promises one JSON document; the probe prints its own result

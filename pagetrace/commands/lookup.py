@@ -1,17 +1,15 @@
 """`pagetrace lookup`: the two-level lookup for one token, down to the byte."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer
 
-from ..blocks import capacity, parse_int_list
-from ..cli_types import dtype_choice, layout_choice
-from ..diagram import MappingView, SequenceMap
 from ..errors import UsageError
-from ..lookup import TokenTrace, trace_token
+from ..paging.blocks import capacity, parse_int_list
+from ..paging.lookup import TokenTrace, trace_token
+from ..views.diagram import MappingView, SequenceMap
 from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
+from .options import dtype_choice, layout_choice
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
@@ -61,8 +59,8 @@ def lookup(
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
 ) -> None:
-    from ..cli import emit_json
-    from ..diagram import check_output_paths
+    from ..views.diagram import check_output_paths
+    from .output import emit_json
 
     if from_bundle is not None:
         from ..engines.address import bundle_lookup, render_bundle_lookup
@@ -76,7 +74,7 @@ def lookup(
         if json_output:
             emit_json(document)
         else:
-            from ..cli import stdout_console
+            from .output import stdout_console
 
             stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
         return
@@ -111,12 +109,12 @@ def lookup(
             document["diagrams"] = saved["written"]
         emit_json(document)
         return
-    from ..render import render_lookup
+    from ..views.text import render_lookup
 
     console = report_console(svg, png, dot)
     console.print(render_lookup(trace))
     if saved is None:
-        from ..diagram import terminal_mapping
+        from ..views.diagram import terminal_mapping
 
         console.print(terminal_mapping(view))
         if seq_len is None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .diagram import DotOption, PngOption, SvgOption, save_diagrams
+from .diagram import DotOption, HtmlOption, PngOption, SvgOption, save_diagrams, save_page
 
 HELP = (
     "Replay a captured engine step through pagetrace's paged-attention kernel: every new token's attention, read "
@@ -28,15 +28,19 @@ def replay(
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
+    html: HtmlOption = None,
 ) -> int:
-    from ..cli import emit_json, stdout_console
-    from ..diagram import check_output_paths
     from ..engines.bundle import read_layer, read_manifest, read_step
     from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
     from ..errors import RuntimeFailure, UsageError
-    from ..render_replay import mapping_view
+    from ..views.diagram import check_output_paths
+    from ..views.replay import mapping_view
+    from ..views.diagram.outputs import requested_outputs
+    from ..views.page import check_page_path
+    from .output import emit_json, stdout_console
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
+    check_page_path(html, requested_outputs(svg, png, dot), json_output)
     manifest = read_manifest(bundle)
     st = read_step(bundle, manifest, step)
     try:
@@ -64,16 +68,31 @@ def replay(
         saved = save_diagrams(mapping_view(manifest, st, summary), svg, png, dot, quiet=json_output)
     except RuntimeFailure as exc:  # the replay's result is still worth printing (as `run` does)
         diagram_failure = exc
+    doc = replay_json(manifest, st, summary, bundle, layer) if json_output or html is not None else None
+    if html is not None and diagram_failure is None:
+        try:
+            save_page(html, "replay", doc, f"pagetrace replay: {manifest.engine_words}, step {st.step}, layer {layer}", quiet=json_output)
+        except RuntimeFailure as exc:
+            diagram_failure = exc
     if json_output:
-        doc = summary.to_json(bundle, layer)
-        doc["step"] = st.step
         if svg or png or dot:
             doc["diagrams"] = saved["written"] if saved else []
         emit_json(doc)
     else:
-        from ..render_replay import render_replay
+        from ..files import STDOUT
+        from ..views.replay import render_replay
+        from .output import stderr_console
 
-        stdout_console().print(render_replay(manifest, st, layer, summary, ROWS))
+        (stderr_console() if html == STDOUT else stdout_console()).print(render_replay(manifest, st, layer, summary, ROWS))
     if diagram_failure is not None:
         raise diagram_failure
     return 0 if summary.passed else 1
+
+
+def replay_json(manifest, st, summary, bundle: str, layer: int) -> dict:
+    """`replay --json`'s document (and the --html page's data)."""
+    doc = summary.to_json(bundle, layer)
+    doc["step"] = st.step
+    doc.update(block_size=manifest.block_size, num_blocks=manifest.num_blocks, layout=manifest.layout.name,
+               element_size=manifest.element_size)
+    return doc

@@ -1,6 +1,6 @@
 """`pagetrace run`: the real paged-attention kernel, traced token by token and checked.
 
-`pagetrace.traced_run` checks the options (`prepare`) and runs and checks the kernel
+`pagetrace.attention.traced_run` checks the options (`prepare`) and runs and checks the kernel
 (`execute`); this module parses, then prints the result (or one JSON document) before it
 reports a failed check.
 """
@@ -11,9 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..cli_types import DEVICE, AliasChoice, dtype_choice, layout_choice
-from ..errors import RuntimeFailure
-from ..traced_run import (
+from ..attention.traced_run import (
     BACKEND_NAMES,
     RunResult,
     Variant,
@@ -21,7 +19,9 @@ from ..traced_run import (
     memory_note,
     prepare,
 )
-from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
+from ..errors import RuntimeFailure
+from .diagram import DotOption, HtmlOption, PngOption, SvgOption, report_console, save_diagrams, save_page
+from .options import DEVICE, AliasChoice, dtype_choice, layout_choice
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -57,6 +57,7 @@ def run(
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
+    html: HtmlOption = None,
     query_len: Annotated[str | None, typer.Option(help="New (query) tokens per sequence, the last ones of --tokens: 6, or per sequence 6,1,1 (a prefill or mixed batch). Default: decode, one each.")] = None,
     query: Annotated[int | None, typer.Option(help="Which new token of --seq the tables show, 0-based (default: the last).")] = None,
     sliding_window: Annotated[int | None, typer.Option(help="A query at position p sees keys j > p - W only.")] = None,
@@ -66,10 +67,13 @@ def run(
     v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
     partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
-    from ..cli import emit_json, stderr_console
-    from ..diagram import MappingView, SequenceMap, check_output_paths
+    from ..views.diagram import MappingView, SequenceMap, check_output_paths
+    from ..views.diagram.outputs import requested_outputs
+    from ..views.page import check_page_path
+    from .output import emit_json, stderr_console
 
     check_output_paths(svg, png, dot, json=json_output)  # before any work
+    check_page_path(html, requested_outputs(svg, png, dot), json_output)
     variant = Variant(query_len, query, sliding_window, soft_cap, alibi, k_scale, v_scale, partition_size)
     setup = prepare(tokens, table, block_size, head_dim, heads, kv_heads, num_blocks, dtype, layout, seed, scale, token, seq, rows, show_heads, backend, device, json_output, variant)
     err = stderr_console()
@@ -78,7 +82,7 @@ def run(
     note = memory_note(setup)
     if note:
         err.print(note, markup=False, emoji=False, soft_wrap=True)
-    result = execute(setup, all_rows=json_output, status=err.status)
+    result = execute(setup, all_rows=json_output or html is not None, status=err.status)
 
     view = MappingView(
         block_size=setup.plan.block_size,
@@ -92,21 +96,26 @@ def run(
         saved = save_diagrams(view, svg, png, dot, quiet=json_output)
     except RuntimeFailure as exc:  # the run's result is still worth printing
         diagram_failure = exc
+    document = run_json(result) if json_output or html is not None else None
+    if html is not None and diagram_failure is None:
+        try:
+            save_page(html, "run", document, f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
+        except RuntimeFailure as exc:
+            diagram_failure = exc
     if json_output:
-        document = run_json(result)
         if svg or png or dot:
             document["diagrams"] = saved["written"] if saved else []
         emit_json(document)
     else:
-        console = report_console(svg, png, dot)
+        console = report_console(svg, png, dot, html)
         console.print(render(result))
         if saved is None and diagram_failure is None:
-            from ..diagram import terminal_mapping
+            from ..views.diagram import terminal_mapping
 
             console.print(terminal_mapping(view))
         if setup.token is not None:
-            from ..lookup import trace_token
-            from ..render import render_lookup
+            from ..paging.lookup import trace_token
+            from ..views.text import render_lookup
 
             console.print(render_lookup(trace_token(
                 setup.token, setup.plan.tables[setup.seq], block_size=setup.plan.block_size, head_dim=setup.head_dim,
@@ -124,7 +133,7 @@ def run(
 
 
 def render(result: RunResult):
-    from ..render_run import check_line, render_run
+    from ..views.run import check_line, render_run
 
     s, plan, checks = result.setup, result.setup.plan, result.checks
     name = BACKEND_NAMES[s.backend]
@@ -178,15 +187,37 @@ def slots_line(checks, kernel_ran: bool) -> str:
     return "not checked: no kernel ran (the torch backend gathers by the block table's own slots)"
 
 
+def row_addresses(geom, rows) -> list[dict]:
+    """Where each row's key and value vectors start in the cache's layout, per KV head:
+    element and byte of dim 0 (what `lookup` prints as the vector's offset)."""
+    import numpy as np
+
+    blocks = np.array([row.physical_block for row in rows], dtype=np.int64)
+    offsets = np.array([row.offset for row in rows], dtype=np.int64)
+    size = geom.element_size
+    per_head = {which: [np.asarray(geom.element(which, blocks, offsets, h, 0), dtype=np.int64) + np.zeros_like(blocks)
+                        for h in range(geom.num_kv_heads)] for which in ("key", "value")}
+    out = []
+    for i in range(len(rows)):
+        keys = [int(e[i]) for e in per_head["key"]]
+        values = [int(e[i]) for e in per_head["value"]]
+        out.append({"key_element": keys, "key_byte": [e * size for e in keys],
+                    "value_element": values, "value_byte": [e * size for e in values]})
+    return out
+
+
 def run_json(result: RunResult) -> dict:
+    from ..paging.layouts import make_geometry
+
     s, plan, checks = result.setup, result.setup.plan, result.checks
+    geom = make_geometry(s.layout, plan.num_blocks, plan.block_size, s.kv_heads, s.head_dim, s.dtype)
     return {
         "config": {
             "tokens": plan.seq_lens, "block_size": plan.block_size, "head_dim": s.head_dim, "heads": s.heads,
             "kv_heads": s.kv_heads, "num_blocks": plan.num_blocks, "dtype": s.dtype, "layout": s.layout, "seed": s.seed,
             "scale": s.scale, "device": str(s.device), "backend": s.backend, "partition_size": result.partition_size,
             "query_lens": s.query_lens or [1] * len(plan.seq_lens), "sliding_window": s.sliding_window, "soft_cap": s.soft_cap,
-            "alibi": s.alibi, "k_scale": s.k_scale if s.dtype.startswith("fp8") else None, "v_scale": s.v_scale if s.dtype.startswith("fp8") else None,
+            "alibi": s.alibi, "element_size": geom.element_size, "k_scale": s.k_scale if s.dtype.startswith("fp8") else None, "v_scale": s.v_scale if s.dtype.startswith("fp8") else None,
         },
         "mask_map": [{"position": p, "blocks": cells} for p, cells in (result.mask_rows or [])],
         "shown_heads": s.shown_heads,
@@ -205,7 +236,7 @@ def run_json(result: RunResult) -> dict:
                     for sp, m, (c, w) in zip(r.spans, r.block_mass, r.block_masked)
                 ],
                 "heads": [vars(h) for h in r.heads],
-                "rows": [vars(row) for row in r.rows],
+                "rows": [{**vars(row), **address} for row, address in zip(r.rows, row_addresses(geom, r.rows))],
             }
             for r in result.reports
         ],

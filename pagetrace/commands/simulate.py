@@ -12,6 +12,7 @@ EPILOG = (
     "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
     "  |  pagetrace simulate --trace recorded.jsonl --events recorded.kvev --num-blocks 16 --block-size 32"
 )
+PAGE_STEPS = 1000  # --html: the steps the slider holds at most (pagetrace/views/page/sim_data.py MAX_STEPS); the pool is counted at 500 to 1,000 of them
 MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
 
 
@@ -62,9 +63,9 @@ def simulate(
     what_if_chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the blocks in use over time of each --what-if run (and the run as given) as SVG.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
+    html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
 ) -> None:
     prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
-    from ..cli import emit_json, stderr_console, stdout_console
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -72,6 +73,7 @@ def simulate(
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
     from ..sim.workload import MAX_REQUESTS, SyntheticSpec, read_trace, synthetic
+    from .output import emit_json, stderr_console, stdout_console
 
     # -- check every option before any work --
     if policy not in POLICIES:
@@ -85,7 +87,7 @@ def simulate(
             raise UsageError(option, value, f"must be at least {low}")
     if num_blocks > MAX_BLOCKS:
         raise UsageError("--num-blocks", num_blocks, f"more blocks than the simulator holds in memory (at most {MAX_BLOCKS:,})")
-    from ..blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
+    from ..paging.blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
 
     for option, value, limit in (("--block-size", block_size, MAX_BLOCK_SIZE), ("--max-num-seqs", max_num_seqs, MAX_SEQS),
                                  ("--max-num-batched-tokens", max_num_batched_tokens, MAX_TOKENS), ("--max-model-len", max_model_len or 1, MAX_TOKENS),
@@ -126,7 +128,8 @@ def simulate(
             raise UsageError("--what-if", st.label(base_setting), "a value past the simulator's limits (those of --num-blocks, --block-size, --max-num-seqs, --max-num-batched-tokens)")
     if what_if_chart and not settings:
         raise UsageError("--what-if-chart", what_if_chart, "draws the --what-if runs; give at least one --what-if")
-    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--what-if-chart": what_if_chart}
+    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--what-if-chart": what_if_chart,
+             "--html": html}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
     if trace is not None:
@@ -172,7 +175,8 @@ def simulate(
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
-                                    policy=policy, record_events=(events is not None or explain) and policy == "vllm" and prefix_caching)
+                                    policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2,
+                                    record_events=(events is not None or explain) and policy == "vllm" and prefix_caching)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
@@ -185,7 +189,7 @@ def simulate(
 
         comparison = compare(result, trace_doc, stream, block_size)
     explained = None
-    if explain or json_output:
+    if explain or json_output or html is not None:
         from ..sim.explain import explain_requests
 
         explained = explain_requests(result, block_size)
@@ -193,39 +197,43 @@ def simulate(
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
     if what_if_chart:
         from ..files import write_outputs
-        from ..sim.pictures import what_if_svg
+        from ..views.sim_pictures import what_if_svg
 
         written += write_outputs([(what_if_chart, what_if_svg(outcomes).encode())])
-    if json_output:
-        doc = {
-            "config": {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
-                       "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
-                       "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"},
-            "summary": summary.to_json(),
-            "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
-                          "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
-                          "finished": r.finished_step, "preemptions": r.num_preemptions, **explained[i]}
-                         for i, r in enumerate(result.requests)],
-            "steps": [_step_json(s) for s in result.steps],
-            "tables_at": {str(s): t for s, t in result.tables_at.items()},
-            "written": written,
-        }
+    config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+              "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
+              "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
+    doc = simulate_json(config, result, summary, written, explained) if json_output or html is not None else None
+    if doc is not None:
         doc["summary"]["vllm_metric"] = _metric(result)
         if outcomes:
             doc["what_if"] = [o.to_json() for o in outcomes]
         if comparison is not None:
             doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
                              "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
+    if html is not None:
+        from ..views.page import write_page
+        from ..views.page.sim_data import simulate_page_doc
+
+        title = f"pagetrace simulate: {summary.requests:,} requests, {num_blocks:,} blocks of {block_size} ({policy})"
+        write_page(html, "simulate", simulate_page_doc(doc, result.history), title)
+        if html != "-":
+            written.append(html)
+            if not json_output:
+                stderr_console().print(f"wrote {html}", markup=False, emoji=False, soft_wrap=True)
+    if json_output:
         emit_json(doc)
         return
-    from ..render_sim import render_simulation
+    from ..views.sim import render_simulation
 
     err = stderr_console()
     for path in written:
+        if path == html:
+            continue
         err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
-    out = stdout_console()
+    out = stderr_console() if html == "-" else stdout_console()
     out.print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
-    from ..render_sim import render_comparison, render_explained, render_metric
+    from ..views.sim import render_comparison, render_explained, render_metric, render_what_if
 
     out.print(render_metric(_metric(result)))
     if explain:
@@ -233,9 +241,23 @@ def simulate(
     if comparison is not None:
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
-        from ..render_sim import render_what_if
-
         out.print(render_what_if(outcomes))
+
+
+def simulate_json(config: dict, result, summary, written: list[str], explained: list[dict] | None = None) -> dict:
+    """`simulate --json`'s document (and the data of the --html page); `explained`: each
+    request's misses (sim/explain.py), merged into its entry."""
+    return {
+        "config": config,
+        "summary": summary.to_json(),
+        "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
+                      "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
+                      "finished": r.finished_step, "preemptions": r.num_preemptions, **(explained[i] if explained else {})}
+                     for i, r in enumerate(result.requests)],
+        "steps": [_step_json(s) for s in result.steps],
+        "tables_at": {str(s): t for s, t in result.tables_at.items()},
+        "written": written,
+    }
 
 
 def _what_ifs(result, base, settings, fresh, max_model_len, chunked_prefill, quiet):
@@ -277,7 +299,7 @@ def _metric(result) -> dict:
 
 
 def _read_events(source: str, bind: bool, timeout: float, quiet: bool):
-    from ..cli import stderr_console
+    from .output import stderr_console
     from ..errors import RuntimeFailure, UsageError
     from ..sim import events as ev
 
@@ -308,7 +330,7 @@ def _nothing():
 
 def _progress(total: int, quiet: bool):
     """A progress bar on stderr for long runs in a terminal."""
-    from ..cli import stderr_console
+    from .output import stderr_console
 
     console = stderr_console()
     if quiet or total < 2000 or not console.is_terminal:
@@ -327,7 +349,7 @@ def _step_json(s) -> dict:
 
 def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks) -> list[str]:
     from ..files import write_outputs
-    from ..sim import pictures
+    from ..views import sim_pictures as pictures
 
     outputs: list[tuple[str, bytes]] = []
     if svg or png:
@@ -342,7 +364,7 @@ def _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png
         outputs.append((chart, pictures.waste_svg(summary.waste, title).encode()))
     written = write_outputs(outputs) if outputs else []
     if tables_svg or tables_png:
-        from ..diagram import MappingView, SequenceMap, write_diagrams
+        from ..views.diagram import MappingView, SequenceMap, write_diagrams
 
         tables = result.tables_at[at]
         by_id = {r.request_id: r for r in result.requests}

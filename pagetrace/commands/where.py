@@ -6,11 +6,11 @@ from typing import Annotated
 
 import typer
 
-from ..blocks import parse_int_list
-from ..cli_types import AliasChoice
 from ..errors import UsageError
-from ..where import Place, where_byte, where_geometry, where_slot
+from ..paging.blocks import parse_int_list
+from ..paging.where import Place, where_byte, where_geometry, where_slot
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption, LayoutOption
+from .options import AliasChoice
 
 HELP = "Reverse lookup: which block, offset, KV head, dim, key or value (and, given block tables, which sequence and token) a slot or a byte offset is."
 EPILOG = "Example: pagetrace where --byte 1152 --table 7,2,15   (token 20's key in the worked example); pagetrace where --slot 36 --table 7,2,15"
@@ -31,7 +31,7 @@ def where(
     num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1, else 16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
-    from ..cli import emit_json, stdout_console
+    from .output import emit_json, stdout_console
 
     if (slot is None) == (byte is None):
         raise UsageError("--slot/--byte", f"--slot {slot} --byte {byte}" if slot is not None else "neither", "give exactly one of --slot and --byte")

@@ -3,10 +3,10 @@ engine's cache, through the same layout arithmetic as `lookup`. Plain Python and
 
 from __future__ import annotations
 
-from ..blocks import locate
 from ..errors import RuntimeFailure, UsageError
-from ..layouts import runs_text, vector_address
-from ..lookup import address_json
+from ..paging.blocks import locate
+from ..paging.layouts import runs_text, vector_address
+from ..paging.lookup import address_json
 from .bundle import read_manifest, read_step
 
 

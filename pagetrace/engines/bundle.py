@@ -6,7 +6,7 @@ A bundle is a folder:
     step-NNNN.safetensors  one file per captured step: its metadata and tensors
 
 safetensors keeps shapes and dtypes but not strides, so the manifest names the cache
-layout (`pagetrace.layouts.LAYOUTS`) and each cache tensor is stored
+layout (`pagetrace.paging.layouts.LAYOUTS`) and each cache tensor is stored
 contiguous in the layout's raw shape, with only the blocks the step references. The
 docs/engines.md lists every field. Loading refuses a malformed bundle
 with a `BundleError` (exit 2) naming the file and the field. The index tensors load
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from ..layouts import LAYOUTS, OLD_NAMES, CacheGeometry, Layout, check_factors
+from ..paging.layouts import LAYOUTS, OLD_NAMES, CacheGeometry, Layout, check_factors
 
 FORMAT = "pagetrace-capture"
 VERSION = 1

@@ -29,6 +29,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 
 from .bundle import Manifest, Step
+from .views import pool_views
 
 WANT_DTYPES = {"query_start_loc": "int32", "seq_lens": "int32", "block_table": "int32", "slot_mapping": "int64"}
 
@@ -48,6 +49,15 @@ class Violation:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+class Violations(list):
+    """`check_step`'s findings: a list of Violation that shows itself as a table in a notebook."""
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import violations_html
+
+        return violations_html(self)
 
 
 class Checker:
@@ -184,8 +194,6 @@ class Checker:
 
     def data(self, layer: int, tensors: dict) -> None:
         """The new tokens' K and V, read back through the layout, equal what the layer wrote."""
-        from .replay import pool_views
-
         if "new_key" not in tensors:
             return
         s, bs = self.s, self.m.block_size
@@ -205,10 +213,10 @@ class Checker:
                         break
 
 
-def check_step(manifest: Manifest, step: Step, data_layers: dict[int, dict] | None = None) -> list[Violation]:
+def check_step(manifest: Manifest, step: Step, data_layers: dict[int, dict] | None = None) -> Violations:
     """All violations of one step; `data_layers` (layer -> its tensors) adds the data check."""
     checker = Checker(manifest, step)
     checker.run()
     for layer, tensors in (data_layers or {}).items() if checker.query_ok else ():
         checker.data(layer, tensors)
-    return checker.found
+    return Violations(checker.found)

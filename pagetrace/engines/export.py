@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from ..paging.layouts import CacheGeometry, get_layout
 from .bundle import DTYPES, SHARING, BundleWriter
-from ..layouts import CacheGeometry, get_layout
 
 TORCH_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
 

@@ -14,7 +14,7 @@ its docstring example; flashinfer/page.py `get_seq_lens`):
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..layouts import LAYOUTS, Layout
+from ..paging.layouts import LAYOUTS, Layout
 from .views import as_tensors
 
 

@@ -5,7 +5,7 @@ a few blocks: token t is written to slot t, and each element carries, pass by pa
 base-128 digit of its token, its head or its dim, plus 1 (so every tag is an integer that
 bf16 holds exactly, and 0 or NaN is never one); keys are positive, values negative. Reading
 the scratch back names every element: (key or value, block, slot, head, dim). A layout of
-`pagetrace.layouts.LAYOUTS` is proven when its arithmetic puts every element exactly where
+`pagetrace.paging.layouts.LAYOUTS` is proven when its arithmetic puts every element exactly where
 the writer did. Nothing proven: `ProbeRefused`, naming the first element found elsewhere.
 
 The writers: for vLLM, the backend's own `do_kv_cache_update(layer, key, value, kv_cache,
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import RuntimeFailure
-from ..layouts import LAYOUTS, CacheGeometry, check_factors
+from ..paging.layouts import LAYOUTS, CacheGeometry, check_factors
 from .views import coordinate_grid
 
 SCRATCH_BLOCKS = 3  # block 0, and two more so the block stride is seen twice

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import RuntimeFailure
 from .bundle import Manifest, Step
-from .views import as_tensors
+from .views import pool_views
 
 
 def cache_read(manifest: Manifest) -> str:
@@ -25,14 +25,6 @@ def cache_read(manifest: Manifest) -> str:
     if manifest.layout.tiled:
         return f"one copy into [block, slot, head, dim] order: the '{manifest.layout.name}' layout is tiled, no strides read it"
     return f"strided views of the stored pages, no copy ('{manifest.layout.name}' layout)"
-
-
-def pool_views(manifest: Manifest, step: Step, tensors: dict):
-    """(key, value, compact): the stored pages as ``[stored_blocks, bs, H, D]`` views, and
-    physical block -> pool block."""
-    raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
-    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
-    return key, value, {b: i for i, b in enumerate(step.blocks)}
 
 
 @dataclass(slots=True)
@@ -50,7 +42,7 @@ class Replay:
     output: torch.Tensor  # kernel: [tokens, H, D]
     reference: torch.Tensor  # contiguous attention, fp32
     engine: torch.Tensor | None  # the engine's own output, when captured
-    trace: object  # pagetrace.attention.Trace
+    trace: object  # pagetrace.attention.api.Trace
     backend: str
     tables: list[list[int]]  # physical block tables (real ids), one per request, counted entries only
 
@@ -98,13 +90,13 @@ def varlen_api() -> bool:
     mixed batches); without it each new token is its own decode query."""
     import inspect
 
-    from ..attention import paged_attention
+    from ..attention.api import paged_attention
 
     return "query_start_loc" in inspect.signature(paged_attention).parameters
 
 
 def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
-    from ..attention import paged_attention
+    from ..attention.api import paged_attention
 
     if "query" not in tensors:
         raise ReplayRefused(f"{step.file}: the step stored no query for this layer; nothing to replay")
@@ -145,7 +137,7 @@ def causal_reference(query, key, value, queries: list[TokenQuery], tables: list[
     """Contiguous attention in fp32, one gather per request: its tokens 0..last position
     laid out in order, then each new token's softmax over the tokens up to its own (and
     inside the sliding window, when there is one)."""
-    from ..reference import gather
+    from ..attention.reference import gather
 
     bs, window = manifest.block_size, manifest.sliding_window
     out = torch.empty(len(queries), *query.shape[1:], dtype=torch.float32)
@@ -195,6 +187,11 @@ class ReplaySummary:
     def passed(self) -> bool:
         return all(r.passed for r in self.requests)
 
+    def _repr_html_(self) -> str:
+        from ..views.notebook import replay_html
+
+        return replay_html(self)
+
     def to_json(self, bundle: str, layer: int) -> dict:
         return {
             "bundle": str(bundle),
@@ -215,7 +212,7 @@ class ReplaySummary:
 
 
 def summarize(manifest: Manifest, step: Step, result: Replay, request: int, token: int) -> ReplaySummary:
-    from ..report import compare
+    from ..attention.report import compare
 
     results = []
     for r in range(len(step.requests)):

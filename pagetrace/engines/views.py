@@ -1,6 +1,6 @@
 """An engine's raw KV buffer read as K and V tensors, and tensors checked against a layout.
 
-The layouts are `pagetrace.layouts.LAYOUTS`, the one table every command uses. This module
+The layouts are `pagetrace.paging.layouts.LAYOUTS`, the one table every command uses. This module
 applies one to real tensors: `as_tensors` gives K and V of a raw buffer (or a (key, value)
 pair) as ``[num_blocks, block_size, H, D]`` tensors, strided views with no copy where the
 layout is affine, a gathered copy where it is tiled (vLLM's CPU amx pages); `verify` checks
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
+from ..paging.layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
 
 TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
 
@@ -140,3 +140,12 @@ def verify(key, value, raw, layout: str) -> tuple[KVView, KVView]:
         check_view(got, want, lay.name)
         found.append(got)
     return found[0], found[1]
+
+
+def pool_views(manifest, step, tensors: dict):
+    """(key, value, compact): the stored pages of a bundle's step (`bundle.Manifest`,
+    `bundle.Step`) as ``[stored_blocks, bs, H, D]`` views, and physical block -> pool block.
+    `check` and `replay` both read the pages this way."""
+    raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
+    key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
+    return key, value, {b: i for i, b in enumerate(step.blocks)}

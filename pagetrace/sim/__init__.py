@@ -8,7 +8,7 @@ Modules, one idea each: `blockpool` (free queue, reference counts, cached hashes
 calls), `radix` (SGLang's radix-tree cache, the second policy), `scheduler` (vLLM's FCFS
 loop), `cruise` (the scheduler's calendar of decode steps that change the pool), `run` (a
 workload through both), `workload` (synthetic or JSONL), `causes` (why a token missed),
-`baselines` (Orca's waste), `summary`, `pictures`. Plain Python: no torch, no numpy.
+`baselines` (Orca's waste), `summary`, `capacity` (the memory model: blocks, tokens and requests a budget holds); the pictures are `pagetrace.views.sim_pictures`. Plain Python: no torch, no numpy.
 """
 
 from .policy import KVCachePolicy, VllmPrefixCaching

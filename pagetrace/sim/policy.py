@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..blocks import cdiv
+from ..paging.blocks import cdiv
 from .blockpool import BlockPool
 from .request import SimRequest
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from ..blocks import cdiv
+from ..paging.blocks import cdiv
 from .request import FINISHED, SimRequest
 
 

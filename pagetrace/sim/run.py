@@ -30,6 +30,17 @@ class SimResult:
     preempted_queries: int = 0  # tokens looked up again by preempted requests (vLLM's preempted_queries)
     preempted_hits: int = 0  # and their hits: recomputation served by the cache (vllm#25780)
     events: list[tuple[int, list]] | None = None  # (step, that step's KV events), steps with events only (record_events)
+    history: object = None  # history.TableHistory when asked for (simulate --html)
+
+    def __repr__(self) -> str:
+        from ..views.notebook import sim_result_text
+
+        return sim_result_text(self)
+
+    def _repr_html_(self) -> str:  # the summary and a chart of the blocks in use, in a notebook
+        from ..views.notebook import sim_result_html
+
+        return sim_result_html(self)
 
 
 def occupancy_row(policy: KVCachePolicy, index: dict[str, int]) -> tuple[list[int], list[int]]:
@@ -65,6 +76,8 @@ def simulate(
     on_step: Callable[[StepRecord], None] | None = None,
     policy: str = "vllm",
     record_events: bool = False,
+    record_history: bool = False,
+    keep_steps: int = 1000,
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished.
 
@@ -79,14 +92,15 @@ def simulate(
     gc.disable()
     try:
         return _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-                         max_steps, max_model_len, max_cells, on_step, policy, record_events)
+                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps, record_events)
     finally:
         if paused:
             gc.enable()
 
 
 def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_events=False) -> SimResult:
+              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False, keep_steps=1000,
+              record_events=False) -> SimResult:
     pending = sorted(requests, key=lambda r: r.arrival)
     usable = num_blocks - 1
     for r in pending:  # the last output token is sampled, never stored
@@ -122,6 +136,10 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
     want_tables = set(tables_at)
     result = SimResult(everyone, [], policy, 0, occupancy=[] if record_occupancy else None, shared=[] if record_occupancy else None,
                        prefix_requests=len(held), events=[] if record_events else None)
+    if record_history:
+        from .history import TableHistory
+
+        result.history = TableHistory(index, keep=keep_steps)
     nxt = 0
     while nxt < len(pending) or sched.waiting or sched.running:
         step = sched.step_count
@@ -144,6 +162,8 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
                     sched.add(sample)
         if step in want_tables:
             result.tables_at[step] = {rid: list(b) for rid, b in policy.req_to_blocks.items()}
+        if record_history:
+            result.history.record(policy)
         if record_occupancy and (len(result.occupancy) + 1) * num_blocks > max_cells:
             record_occupancy, result.occupancy_cut = False, True
         if record_occupancy:

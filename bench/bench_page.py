@@ -1,0 +1,61 @@
+"""What `--html` costs: each command timed with and without it, in alternating pairs, and the
+size of the page it writes.
+
+    python bench/bench_page.py                 # run (worked example), simulate (default): 5 pairs each
+    python bench/bench_page.py --large         # and simulate of 100,000 requests over a 1M-block pool, one pair
+
+Each timing is the whole command in a fresh process (`python -m pagetrace ...`), so the ratio
+is what a user waits for; pairs alternate so the machine's load hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = {
+    "run (worked example)": ["run"],
+    "simulate (default, 200 requests)": ["simulate"],
+}
+LARGE = {"simulate, 100,000 requests, 1M-block pool": ["simulate", "--requests", "100000", "--num-blocks", "1000000", "--arrival-rate", "0"]}
+
+
+def timed(args: list[str]) -> float:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pagetrace", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--large", action="store_true", help="also the 100,000-request simulate (one pair; a minute or more)")
+    args = ap.parse_args()
+    print(f"# {time.strftime('%Y-%m-%d')} · {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print("| command | without --html | with --html | ratio | page |")
+    print("|---|---|---|---|---|")
+    todo = [(name, cmd, args.pairs) for name, cmd in COMMANDS.items()]
+    if args.large:
+        todo += [(name, cmd, 1) for name, cmd in LARGE.items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, cmd, pairs in todo:
+            page = Path(tmp) / "page.html"
+            plain, html = [], []
+            for _ in range(pairs):
+                plain.append(timed(cmd))
+                html.append(timed([*cmd, "--html", str(page)]))
+            a, b = statistics.median(plain), statistics.median(html)
+            print(f"| `pagetrace {' '.join(cmd)}` | {a:.2f} s | {b:.2f} s | {b / a:.2f}x | {page.stat().st_size / 1e3:,.0f} kB |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

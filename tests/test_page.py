@@ -1,0 +1,339 @@
+"""The --html pages: their data is the command's --json document, and in a real browser (Chromium,
+driven by Playwright) they show what that document says, with no network request.
+
+The browser tests skip with a reason when Playwright (the `page` extra) or Chromium is missing;
+CI installs both (.ci/run). Screenshots go to a temporary folder, printed (a CI artefact), or to
+$PAGETRACE_SCREENSHOTS.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import assert_usage_error, cli
+
+CHROMIUM = os.environ.get("PAGETRACE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def embedded(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    found = re.search(r'<script type="application/json" id="pagetrace-data">(.*?)</script>', text, re.S)
+    assert found, "the page holds no data"
+    return json.loads(found.group(1))
+
+
+def test_run_page_holds_the_json_document(capsys, tmp_path):
+    page = tmp_path / "run.html"
+    code, out, err = cli(capsys, "run", "--json", "--html", str(page))
+    assert code == 0, err
+    assert embedded(page) == json.loads(out)  # one run, one document: the page's numbers are --json's
+
+
+def test_page_is_self_contained(capsys, tmp_path):
+    page = tmp_path / "run.html"
+    assert cli(capsys, "run", "--html", str(page))[0] == 0
+    text = page.read_text(encoding="utf-8")
+    without_namespace = text.replace("http://www.w3.org/2000/svg", "")
+    for needle in ("http://", "https://", "<link", " src=", "url(", "@import", "fetch(", "XMLHttpRequest"):
+        assert needle not in without_namespace, needle
+    assert "default-src 'none'" in text  # the page may not load anything, even if it tried
+    assert len(text.encode()) < 100_000
+
+
+def test_run_json_addresses_match_lookup(capsys):
+    """Each row's key/value element and byte, per KV head, are `lookup`'s for that token and head."""
+    code, out, err = cli(capsys, "run", "--tokens", "21,40", "--heads", "4", "--kv-heads", "2", "--layout", "vllm", "--dtype", "fp16", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    n = doc["config"]["num_blocks"]
+    for seq in doc["sequences"]:
+        table = ",".join(map(str, seq["block_table"]))
+        for row in (seq["rows"][0], seq["rows"][15], seq["rows"][16], seq["rows"][-1]):
+            for head in range(2):
+                code, text, err = cli(capsys, "lookup", "--token", str(row["token"]), "--table", table, "--kv-heads", "2", "--head", str(head),
+                                      "--layout", "vllm", "--dtype", "fp16", "--num-blocks", str(n), "--json")
+                assert code == 0, err
+                want = json.loads(text)
+                assert row["key_element"][head] == want["key"]["element_offset"] and row["key_byte"][head] == want["key"]["byte_offset"]
+                assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--html", "x.svg"], "--html"),
+    (["--html", "-", "--json"], "--html"),
+    (["--html", "same", "--svg", "same"], "--html"),
+    (["--html", "/no/such/folder/x.html"], "--html"),
+])
+def test_bad_html_paths_are_usage_errors(capsys, tmp_path, monkeypatch, args, option):
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(cli(capsys, "run", *args), option)
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- in a real browser
+
+
+def skip_or_fail(reason: str):
+    """Skip, unless the run promised these tests (.ci/run sets PAGETRACE_REQUIRE_PAGE_TESTS=1)."""
+    if os.environ.get("PAGETRACE_REQUIRE_PAGE_TESTS") == "1":
+        pytest.fail(reason + ", and PAGETRACE_REQUIRE_PAGE_TESTS=1 asks for these tests to run")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright import sync_api
+    except ImportError:
+        skip_or_fail("Playwright for Python is not installed (pip install -e '.[page]')")
+    if not os.access(CHROMIUM, os.X_OK):
+        skip_or_fail(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set PAGETRACE_CHROMIUM)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def shots():
+    folder = os.environ.get("PAGETRACE_SCREENSHOTS") or tempfile.mkdtemp(prefix="pagetrace-pages-")
+    os.makedirs(folder, exist_ok=True)
+    print(f"\nscreenshots of the pages: {folder}")
+    return Path(folder)
+
+
+class Opened:
+    def __init__(self, browser, path: Path, width=1280, height=800):
+        self.context = browser.new_context(viewport={"width": width, "height": height})
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.url = path.resolve().as_uri()
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+
+    def close(self):
+        assert self.errors == [], self.errors
+        assert self.requests == [self.url], self.requests  # the file itself, nothing else
+        self.context.close()
+
+
+def not_blank(png: bytes) -> bool:
+    """A blank page compresses to almost nothing and holds two or three byte values."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    data, i = b"", 8
+    while i < len(png):
+        n = int.from_bytes(png[i : i + 4], "big")
+        if png[i + 4 : i + 8] == b"IDAT":
+            data += png[i + 8 : i + 8 + n]
+        i += 12 + n
+    return len(set(zlib.decompress(data))) > 32
+
+
+@pytest.fixture(scope="module")
+def worked_page(tmp_path_factory):
+    """The worked example's page and its --json document (one run)."""
+    from pagetrace.cli import run_cli
+
+    folder = tmp_path_factory.mktemp("run")
+    page = folder / "run.html"
+    code = run_cli(["run", "--html", str(page), "--json"])
+    assert code == 0
+    return page, embedded(page)
+
+
+def test_token_20_lights_block_2_slot_4_byte_1152(browser, worked_page, shots):
+    page, doc = worked_page
+    o = Opened(browser, page)
+    p = o.page
+    p.click("tr[data-token='20']")
+    slot = p.locator("svg rect.slot.on")
+    assert slot.count() == 1 and (slot.get_attribute("data-block"), slot.get_attribute("data-slot")) == ("2", "4")
+    assert p.locator("svg rect.pool.on").get_attribute("data-block") == "2"
+    assert p.locator("svg rect.lblock.on").get_attribute("data-logical") == "1"
+    assert p.locator("#d-key").get_attribute("data-byte") == "1152"
+    assert "byte 1,152" in p.inner_text("#d-key") and "element 288" in p.inner_text("#d-key")
+    assert p.locator("svg path[data-path='token']").count() == 1
+    assert "0.020756" in p.inner_text("#d-weight")
+    assert "tokens 16 to 31" in p.inner_text("#owners")
+    png = p.screenshot(path=str(shots / "run-1280x800.png"), full_page=True)
+    assert not_blank(png)
+    o.close()
+
+
+def test_every_token_lights_its_own_slot(browser, worked_page):
+    page, doc = worked_page
+    o = Opened(browser, page)
+    for row in doc["sequences"][0]["rows"]:
+        o.page.click(f"tr[data-token='{row['token']}']")
+        slot = o.page.locator("svg rect.slot.on")
+        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+        assert int(o.page.locator("#d-key").get_attribute("data-byte")) == row["key_byte"][0]
+        assert int(o.page.locator("svg rect.pool.on").get_attribute("data-block")) == row["slot"] // doc["config"]["block_size"]
+    o.close()
+
+
+def test_keyboard_moves_the_trace(browser, worked_page):
+    page, _ = worked_page
+    o = Opened(browser, page)
+    p = o.page
+    p.focus("tr[data-token='20']")
+    p.keyboard.press("ArrowDown")
+    assert p.locator("tr.on").get_attribute("data-token") == "21"
+    assert p.evaluate("document.activeElement.dataset.token") == "21"
+    p.keyboard.press("End")
+    assert p.locator("svg rect.slot.on").get_attribute("data-slot") == "5"  # token 37: slot 5 of block 15
+    p.focus("svg rect.pool[data-block='7']")
+    p.keyboard.press("Enter")
+    assert p.get_attribute("#owners", "data-block") == "7" and "logical block 0, tokens 0 to 15" in p.inner_text("#owners")
+    o.close()
+
+
+def test_shared_block_lists_every_owner_and_heads_switch(browser, capsys, tmp_path, shots):
+    page = tmp_path / "shared.html"
+    code, out, err = cli(capsys, "run", "--tokens", "38,20", "--table", "7,2,15", "--table", "7,3", "--heads", "4", "--kv-heads", "2",
+                         "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    o = Opened(browser, page, 390, 844)
+    p = o.page
+    p.click("svg rect.pool[data-block='7']")
+    owners = p.locator("#owners-list li")
+    assert owners.count() == 2 and "(shared)" in p.inner_text("#owners-title")
+    assert sorted(owners.nth(i).get_attribute("data-seq") for i in range(2)) == ["0", "1"]
+    p.select_option("#head-select", "3")  # query head 3 reads KV head 1
+    p.click("tr[data-token='5']")
+    row = doc["sequences"][0]["rows"][5]
+    assert int(p.locator("#d-key").get_attribute("data-byte")) == row["key_byte"][1]
+    assert f"{row['weights'][3]:.6f}" in p.inner_text("#d-weight")
+    p.select_option("#seq-select", "1")
+    p.click("tr[data-token='19']")
+    assert p.locator("svg rect.pool.on").get_attribute("data-block") == "3"
+    assert not_blank(p.screenshot(path=str(shots / "run-shared-390x844.png"), full_page=True))
+    width = p.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width}px wide on a 390px screen"
+    o.close()
+
+
+def test_replay_page(browser, tmp_path, shots):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    bundle = tmp_path / "step.bundle"
+    done = subprocess.run([sys.executable, str(root / "examples" / "flashinfer_bundle.py"), "--out", str(bundle)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert done.returncode == 0, done.stderr
+    page = tmp_path / "replay.html"
+    done = subprocess.run([sys.executable, "-m", "pagetrace", "replay", str(bundle), "--html", str(page), "--json"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)), cwd=root)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert embedded(page) == doc
+    o = Opened(browser, page)
+    rows = doc["traced"]["tokens"]
+    for row in (rows[0], rows[len(rows) // 2], rows[-1]):
+        o.page.click(f"tr[data-token='{row['token']}']")
+        slot = o.page.locator("svg rect.slot.on")
+        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+    assert not_blank(o.page.screenshot(path=str(shots / "replay-1280x800.png"), full_page=True))
+    o.close()
+
+
+SIMULATIONS = {
+    "default": [],
+    # a small pool: preemptions, prefix-cache hits of a shared system prompt, evictions
+    "pressure": ["--requests", "60", "--num-blocks", "120", "--shared-prefix", "64"],
+    "sglang": ["--requests", "40", "--num-blocks", "120", "--shared-prefix", "64", "--policy", "sglang"],
+}
+
+
+@pytest.mark.parametrize("name", SIMULATIONS)
+def test_simulate_slider_shows_the_tables_of_at_n(browser, capsys, tmp_path, shots, name):
+    args = SIMULATIONS[name]
+    page = tmp_path / "sim.html"
+    code, out, err = cli(capsys, "simulate", *args, "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    assert {k: v for k, v in data.items() if k not in ("history", "steps_total", "written", "request_ids")} == \
+        {k: v for k, v in doc.items() if k not in ("steps", "written")}
+    from pagetrace.views.page.sim_data import MAX_STEPS
+
+    everything = doc["steps"]
+    steps = data["history"]["steps"]  # what the slider holds
+    assert data["steps_total"] == len(everything)
+    if len(everything) <= MAX_STEPS:
+        assert steps == everything
+    else:  # evenly spaced, each its own step's record
+        by_step = {s["step"]: s for s in everything}
+        assert MAX_STEPS // 2 <= len(steps) <= MAX_STEPS and all(by_step[s["step"]] == s for s in steps if "admitted_count" not in s)
+    events = [i for i, s in enumerate(steps) if s["preempted"]][:2] + [i for i, s in enumerate(steps) if s["hit_tokens"]][:1]
+    picks = sorted({0, 1, 63, 64, 65, len(steps) // 2, len(steps) - 1, *events} & set(range(len(steps))))
+    o = Opened(browser, page)
+    p = o.page
+    answers = {}
+    for i in picks + picks[::-1]:  # forward, then back: the page's checkpoints must not leak between visits
+        n = steps[i]["step"]
+        if n not in answers:
+            code, out, err = cli(capsys, "simulate", *args, "--at", str(n), "--json")
+            assert code == 0, err
+            answers[n] = json.loads(out)
+        at = answers[n]
+        want = {rid: ",".join(map(str, b)) for rid, b in at["tables_at"][str(n)].items() if b}
+        p.locator("#step").fill(str(i))
+        assert p.inner_text("#s-step") == str(n)
+        items = p.locator("#table-list li")
+        got = {items.nth(j).get_attribute("data-request"): items.nth(j).get_attribute("data-blocks") for j in range(items.count())}
+        assert got == want, f"step {n}"
+        record = next(s for s in at["steps"] if s["step"] == n)
+        free, used, cached, shared = (int(p.get_attribute("#pool", f"data-{k}")) for k in ("free", "used", "cached", "shared"))
+        assert used == record["used_blocks"] and 0 <= shared <= used
+        if "sglang" not in args:  # vLLM's free queue holds the cached blocks too
+            assert free + cached == record["free_blocks"]
+        assert p.inner_text("#s-running") == str(record["running"])
+        if record["preempted"]:
+            assert record["preempted"][0] in p.inner_text("#s-preempted")
+    p.focus("#step")
+    p.keyboard.press("Home")
+    p.keyboard.press("ArrowRight")
+    assert p.inner_text("#s-step") == str(steps[1]["step"])
+    p.click("#play")
+    for _ in range(100):  # play advances a step every 120 ms (the page's CSP refuses wait_for_function's eval)
+        if int(p.input_value("#step")) > 3:
+            break
+        p.wait_for_timeout(50)
+    p.click("#play")
+    assert int(p.input_value("#step")) > 3
+    assert not_blank(p.screenshot(path=str(shots / f"simulate-{name}-1280x800.png"), full_page=True))
+    o.close()
+
+
+def test_large_simulate_page_is_summarised(capsys, tmp_path):
+    from pagetrace.views.page.sim_data import MAX_STEPS
+
+    page = tmp_path / "sim.html"
+    # a pool over EXACT_POOL_BLOCKS: used and shared blocks are counted from the tables
+    code, out, err = cli(capsys, "simulate", "--requests", "3000", "--arrival-rate", "4", "--num-blocks", "70000", "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    h = data["history"]
+    assert len(doc["steps"]) > MAX_STEPS and len(h["steps"]) == MAX_STEPS and data["steps_total"] == len(doc["steps"])
+    by_step = {s["step"]: s for s in doc["steps"]}
+    for s in h["steps"][:: MAX_STEPS // 10]:
+        full = by_step[s["step"]]
+        assert {k: v for k, v in s.items() if not k.endswith("_count") and k not in ("admitted", "preempted", "finished")} == \
+            {k: v for k, v in full.items() if k not in ("admitted", "preempted", "finished")}
+    assert "evenly spaced" in h["note"] and "counted from the tables" in h["note"]
+    for s, (free, used, cached, shared) in zip(h["steps"], h["pool"]):  # vLLM: used = blocks some table holds
+        assert used == s["used_blocks"] and free == s["free_blocks"] and cached is None and 0 <= shared <= used
+    assert page.stat().st_size < 1_000_000
