@@ -10,6 +10,7 @@ HELP = "Simulate vLLM V1's KV block manager step by step (allocation, prefix hit
 EPILOG = (
     "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
     "  |  pagetrace simulate --trace requests.jsonl --num-blocks 4096 --at 10 --tables-svg tables.svg"
+    "  |  pagetrace simulate --trace recorded.jsonl --events recorded.kvev --num-blocks 16 --block-size 32"
 )
 PAGE_STEPS = 1000  # --html: the steps the slider holds at most (pagetrace/views/page/sim_data.py MAX_STEPS); the pool is counted at 500 to 1,000 of them
 MAX_BLOCKS = 4_000_000  # the simulator's per-block lists: about 200 MB at this size
@@ -55,6 +56,12 @@ def simulate(
     tables_svg: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (SVG).")] = None,
     tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
+    events: Annotated[str | None, typer.Option(metavar="SOURCE", help="The server's KV events, a recorded file or tcp://HOST:PORT (live, from vLLM's ZMQ publisher): compare them with the blocks the simulation stores and removes. Needs --trace.")] = None,
+    events_bind: Annotated[bool, typer.Option("--events-bind", help="Bind the --events endpoint instead of connecting: vLLM's publisher connects when its endpoint has no wildcard (tcp://127.0.0.1:5557).")] = False,
+    events_timeout: Annotated[float, typer.Option(help="Live --events: stop listening after this many seconds without a message.")] = 10.0,
+    what_if: Annotated[list[str] | None, typer.Option("--what-if", metavar="SPEC", help="KEY=VALUE,...: run the same workload again with other settings (num-blocks, block-size, policy, prefix-caching=on|off, max-num-batched-tokens, max-num-seqs) and compare hit rate, blocks in use and preemptions in one table; repeat for more.")] = None,
+    what_if_chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the blocks in use over time of each --what-if run (and the run as given) as SVG.")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
 ) -> None:
@@ -65,7 +72,7 @@ def simulate(
     from ..sim.run import simulate as run_simulation
     from ..sim.scheduler import SchedulerConfig
     from ..sim.summary import summarize
-    from ..sim.workload import MAX_REQUESTS, SyntheticSpec, parse_trace, synthetic
+    from ..sim.workload import MAX_REQUESTS, SyntheticSpec, read_trace, synthetic
     from .output import emit_json, stderr_console, stdout_console
 
     # -- check every option before any work --
@@ -98,7 +105,31 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--html": html}
+    if events is not None:
+        if trace is None:
+            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
+        if policy != "vllm":
+            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
+        if no_prefix_caching:
+            raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
+    elif events_bind:
+        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
+    if not events_timeout > 0 or events_timeout > 3600:
+        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
+    live = events is not None and events.startswith(("tcp://", "ipc://"))
+    if events_bind and not live:
+        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    from ..sim.whatif import Setting, parse_what_if
+
+    base_setting = Setting(num_blocks, block_size, policy, prefix_caching, max_num_batched_tokens, max_num_seqs)
+    settings = [parse_what_if(spec, base_setting, POLICIES) for spec in what_if or ()]
+    for st in settings:
+        if st.num_blocks > MAX_BLOCKS or st.block_size > MAX_BLOCK_SIZE or st.max_num_seqs > MAX_SEQS or st.max_num_batched_tokens > MAX_TOKENS:
+            raise UsageError("--what-if", st.label(base_setting), "a value past the simulator's limits (those of --num-blocks, --block-size, --max-num-seqs, --max-num-batched-tokens)")
+    if what_if_chart and not settings:
+        raise UsageError("--what-if-chart", what_if_chart, "draws the --what-if runs; give at least one --what-if")
+    files = {"--svg": svg, "--png": png, "--chart": chart, "--tables-svg": tables_svg, "--tables-png": tables_png, "--what-if-chart": what_if_chart,
+             "--html": html}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
     if trace is not None:
@@ -107,11 +138,14 @@ def simulate(
                 text = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        workload = parse_trace(text, block_size, trace)
+        trace_doc = read_trace(text, block_size, trace)
+        workload = trace_doc.requests
+        fresh = lambda bs: read_trace(text, bs, trace).requests  # noqa: E731 - a run changes its requests
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
         workload = synthetic(spec)
+        fresh = lambda bs: synthetic(spec)  # noqa: E731
     last = max(r.arrival for r in workload)
     if last >= MAX_STEPS:
         option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
@@ -141,17 +175,42 @@ def simulate(
             on_step = (lambda rec: progress.advance(task, len(rec.finished))) if progress else None
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
-                                    policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2)
+                                    policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2,
+                                    record_events=(events is not None or explain) and policy == "vllm" and prefix_caching)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
+    comparison = stream = None
+    if events is not None:
+        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
+        from ..sim.compare import compare
+
+        comparison = compare(result, trace_doc, stream, block_size)
+    explained = None
+    if explain or json_output or html is not None:
+        from ..sim.explain import explain_requests
+
+        explained = explain_requests(result, block_size)
+    outcomes = _what_ifs(result, base_setting, settings, fresh, max_model_len, chunked_prefill, json_output) if settings else []
     written = _write_pictures(result, summary, at, svg, png, chart, tables_svg, tables_png, block_size, num_blocks)
+    if what_if_chart:
+        from ..files import write_outputs
+        from ..views.sim_pictures import what_if_svg
+
+        written += write_outputs([(what_if_chart, what_if_svg(outcomes).encode())])
     config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
-    doc = simulate_json(config, result, summary, written) if json_output or html is not None else None
+    doc = simulate_json(config, result, summary, written, explained) if json_output or html is not None else None
+    if doc is not None:
+        doc["summary"]["vllm_metric"] = _metric(result)
+        if outcomes:
+            doc["what_if"] = [o.to_json() for o in outcomes]
+        if comparison is not None:
+            doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
+                             "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
     if html is not None:
         from ..views.page import write_page
         from ..views.page.sim_data import simulate_page_doc
@@ -172,21 +231,95 @@ def simulate(
         if path == html:
             continue
         err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
-    (stderr_console() if html == "-" else stdout_console()).print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+    out = stderr_console() if html == "-" else stdout_console()
+    out.print(render_simulation(summary, result.steps, timeline_rows, result.tables_at))
+    from ..views.sim import render_comparison, render_explained, render_metric, render_what_if
+
+    out.print(render_metric(_metric(result)))
+    if explain:
+        out.print(render_explained(result.requests, explained))
+    if comparison is not None:
+        out.print(render_comparison(comparison, stream, events))
+    if outcomes:
+        out.print(render_what_if(outcomes))
 
 
-def simulate_json(config: dict, result, summary, written: list[str]) -> dict:
-    """`simulate --json`'s document (and the data of the --html page)."""
+def simulate_json(config: dict, result, summary, written: list[str], explained: list[dict] | None = None) -> dict:
+    """`simulate --json`'s document (and the data of the --html page); `explained`: each
+    request's misses (sim/explain.py), merged into its entry."""
     return {
         "config": config,
         "summary": summary.to_json(),
         "requests": [{"id": r.request_id, "arrival": r.arrival, "prompt_tokens": len(r.prompt), "output_tokens": len(r.output),
                       "num_cached_tokens": r.num_cached_tokens, "first_scheduled": r.first_scheduled,
-                      "finished": r.finished_step, "preemptions": r.num_preemptions} for r in result.requests],
+                      "finished": r.finished_step, "preemptions": r.num_preemptions, **(explained[i] if explained else {})}
+                     for i, r in enumerate(result.requests)],
         "steps": [_step_json(s) for s in result.steps],
         "tables_at": {str(s): t for s, t in result.tables_at.items()},
         "written": written,
     }
+
+
+def _what_ifs(result, base, settings, fresh, max_model_len, chunked_prefill, quiet):
+    """The run as given, then each --what-if setting on a fresh copy of the workload."""
+    from ..errors import UsageError
+    from ..sim.run import simulate as run_simulation
+    from ..sim.scheduler import SchedulerConfig
+    from ..sim.whatif import outcome
+
+    out = [outcome("as given", base, result)]
+    for st in settings:
+        label = st.label(base)
+        pool_tokens = (st.num_blocks - 1) * st.block_size
+        try:
+            reqs = fresh(st.block_size)
+        except UsageError as exc:
+            raise UsageError("--what-if", label, str(exc).split(": ", 2)[-1]) from None
+        mml = min(max_model_len, pool_tokens)
+        longest = max(len(r.prompt) + len(r.output) - 1 for r in reqs)
+        if longest > mml:
+            raise UsageError("--what-if", label, f"a request stores {longest} tokens; {st.num_blocks - 1} usable blocks of {st.block_size} hold {pool_tokens}")
+        config = SchedulerConfig(st.max_num_batched_tokens, st.max_num_seqs, chunked_prefill)
+        try:
+            r = run_simulation(reqs, st.num_blocks, st.block_size, config, st.prefix_caching, max_model_len=mml, policy=st.policy)
+        except ValueError as exc:
+            raise UsageError("--what-if", label, str(exc)) from None
+        out.append(outcome(label, st, r))
+    return out
+
+
+def _metric(result) -> dict:
+    """What vLLM's prefix-cache counters report for this run (vllm/v1/metrics/stats.py
+    PrefixCacheStats.record, called at admission): new requests' queries and hits, which are
+    pagetrace's prompt tokens and hits; a preempted request's lookups counted apart."""
+    reqs = result.requests
+    queries = sum(r.prompt_len for r in reqs if r.first_scheduled is not None)
+    hits = sum(r.num_cached_tokens or 0 for r in reqs)
+    return {"queries": queries, "hits": hits, "preempted_queries": result.preempted_queries, "preempted_hits": result.preempted_hits}
+
+
+def _read_events(source: str, bind: bool, timeout: float, quiet: bool):
+    from .output import stderr_console
+    from ..errors import RuntimeFailure, UsageError
+    from ..sim import events as ev
+
+    err = stderr_console()
+    try:
+        if source.startswith(("tcp://", "ipc://")):
+            if not quiet:
+                err.print(f"listening on {source} ({'bound' if bind else 'connected'}) until {timeout:g} s pass without a message", markup=False, soft_wrap=True)
+            stream = ev.read_live(ev.listen(source, bind=bind, idle_timeout=timeout), source)
+        else:
+            stream = ev.read_file(source)
+    except OSError as exc:
+        raise UsageError("--events", source, exc.strerror or str(exc)) from None
+    except ev.EventError as exc:
+        raise UsageError("--events", source, str(exc)) from None
+    if stream.batches == [] and not stream.problems:
+        raise RuntimeFailure(f"{source}: no KV events message" + (f" within {timeout:g} s (a publisher with a non-wildcard endpoint connects: try --events-bind)" if source.startswith("tcp://") and not bind else ""))
+    for line in stream.problems:
+        err.print(f"warning: {line}", markup=False, emoji=False, soft_wrap=True)
+    return stream
 
 
 def _nothing():

@@ -93,7 +93,7 @@ class BlockPool:
     from the head of the queue.
     """
 
-    __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching", "uncached_first")
+    __slots__ = ("num_blocks", "queue", "ref_cnt", "block_hash", "cached", "evictions", "enable_caching", "uncached_first", "event_log", "event_owner")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, uncached_first: bool = True) -> None:
         """`uncached_first=False` frees every block to the back of the queue, as the design
@@ -106,6 +106,10 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int | dict[int, None]] = {}
         self.evictions = 0  # cached blocks whose hash was dropped on reuse
+        # ("removed", hash) for each dropped hash, when a caller records vLLM's KV events
+        # (block_pool.py `_maybe_evict_cached_block` -> `_emit_block_removed_events`)
+        self.event_log: list | None = None
+        self.event_owner: str | None = None  # the request whose allocation is running (set by the policy while logging)
         # block_pool.py __init__: "self.null_block = self.free_block_queue.popleft()"
         self.queue.popleft_n(1)
 
@@ -144,6 +148,8 @@ class BlockPool:
                         del cached[key]
                 hashes[b] = None
                 evicted += 1
+                if self.event_log is not None:
+                    self.event_log.append(("removed", key, self.event_owner))
             ref[b] += 1
             b = following
         nxt[queue.head] = b

@@ -75,6 +75,15 @@ class VllmPrefixCaching:
         self.num_cached_block: dict[str, int] = {}  # present while the request holds blocks
         self.ever_cached: set[int] = set()  # every hash ever cached: tells "evicted" from "never seen"
         self.ever_cached_content: set[int] = set()  # the same without extra keys: "different extra key"
+        self.event_log: list | None = None  # vLLM's KV events, when recorded (`record_events`)
+
+    def record_events(self) -> list:
+        """Log what vLLM publishes as KV events, in its order: ("stored", request id, first
+        block index, hashes) per `cache_full_blocks` call (one BlockStored, every newly full
+        block, copies of a cached hash included) and ("removed", hash, request id) per hash
+        dropped, with the request whose allocation dropped it."""
+        self.event_log = self.pool.event_log = []
+        return self.event_log
 
     def block_ids(self, request_id: str) -> list[int]:
         return self.req_to_blocks.get(request_id, [])
@@ -124,6 +133,8 @@ class VllmPrefixCaching:
     ) -> list[int] | None:
         """kv_cache_manager.py `allocate_slots` with no lookahead, connector or watermark."""
         rid = req.request_id
+        if self.event_log is not None:
+            self.pool.event_owner = rid
         blocks = self.req_to_blocks.get(rid)
         if blocks is not None and not hit_blocks and not num_hit_tokens and not full_sequence_must_fit:
             # A running request (the scheduler's common call: a decode step or a prefill chunk).
@@ -219,6 +230,8 @@ class VllmPrefixCaching:
         for req, h in zip(reqs, hashes):
             rid = req.request_id
             i = done[rid]
+            if self.event_log is not None:
+                self.event_log.append(("stored", rid, i, [h]))
             b = tables[rid][i]
             if block_hash[b] is None:  # pool.cache_block(b, h), inlined
                 block_hash[b] = h
@@ -241,6 +254,8 @@ class VllmPrefixCaching:
         pool = self.pool
         block_hash, insert = pool.block_hash, pool.cached.setdefault
         new_hashes = req.block_hashes[done:full]
+        if self.event_log is not None:
+            self.event_log.append(("stored", rid, done, new_hashes))
         for h, b in zip(new_hashes, blocks[done:full]):
             if block_hash[b] is None:  # pool.cache_block(b, h), inlined
                 block_hash[b] = h

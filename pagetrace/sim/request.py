@@ -57,6 +57,8 @@ class SimRequest:
     num_cached_tokens: int | None = None  # prefix hit at first admission, as RequestOutput reports it
     first_scheduled: int | None = None
     finished_step: int | None = None
+    why: dict[str, int] | None = None  # prompt tokens by hit/miss cause at first admission (causes.py)
+    recomputed_hit_tokens: int = 0  # hits of its lookups after a preemption (vLLM's preempted_hits)
     block_hashes: list[int] = field(default_factory=list)
     content_hashes: list[int] = field(default_factory=list)  # the same chain without extra keys
     prompt_len: int = field(init=False)

@@ -27,6 +27,9 @@ class SimResult:
     shared: list[list[int]] | None = None  # step -> blocks referenced by more than one request
     occupancy_cut: bool = False  # recording stopped at `max_cells` cells: the first steps only
     prefix_requests: int = 0  # SGLang's parallel-sampling prefix requests among `requests` (parallel.py)
+    preempted_queries: int = 0  # tokens looked up again by preempted requests (vLLM's preempted_queries)
+    preempted_hits: int = 0  # and their hits: recomputation served by the cache (vllm#25780)
+    events: list[tuple[int, list]] | None = None  # (step, that step's KV events), steps with events only (record_events)
     history: object = None  # history.TableHistory when asked for (simulate --html)
 
     def __repr__(self) -> str:
@@ -72,6 +75,7 @@ def simulate(
     max_cells: int = 4_000_000,
     on_step: Callable[[StepRecord], None] | None = None,
     policy: str = "vllm",
+    record_events: bool = False,
     record_history: bool = False,
     keep_steps: int = 1000,
 ) -> SimResult:
@@ -88,14 +92,15 @@ def simulate(
     gc.disable()
     try:
         return _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps)
+                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps, record_events)
     finally:
         if paused:
             gc.enable()
 
 
 def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False, keep_steps=1000) -> SimResult:
+              max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False, keep_steps=1000,
+              record_events=False) -> SimResult:
     pending = sorted(requests, key=lambda r: r.arrival)
     usable = num_blocks - 1
     for r in pending:  # the last output token is sampled, never stored
@@ -114,6 +119,14 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
         raise ValueError(f"unknown cache policy {policy_name!r}: one of {', '.join(POLICIES)}")
     policy = POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
     sched = Scheduler(policy, config or SchedulerConfig())
+    log = None
+    if record_events:
+        if not hasattr(policy, "record_events"):
+            raise ValueError(f"the {policy_name} cache publishes no vLLM KV events")
+        log = policy.record_events()
+        # vLLM publishes one step's events request by request; cruising batches a step's
+        # allocations and fills, which keeps the pool exact but not the events' order within the step
+        sched.cruise = False
     held: dict[str, list[SimRequest]] = {}  # a prefix request's samples, sent once it finishes
     everyone = pending
     if policy_name == "sglang" and any(r.group is not None for r in pending):
@@ -122,7 +135,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
     index = {r.request_id: i for i, r in enumerate(everyone)}
     want_tables = set(tables_at)
     result = SimResult(everyone, [], policy, 0, occupancy=[] if record_occupancy else None, shared=[] if record_occupancy else None,
-                       prefix_requests=len(held))
+                       prefix_requests=len(held), events=[] if record_events else None)
     if record_history:
         from .history import TableHistory
 
@@ -140,6 +153,9 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             continue
         record = sched.step()
         result.steps.append(record)
+        if log:
+            result.events.append((step, list(log)))
+            log.clear()
         if held:
             for rid in record.finished:
                 for sample in held.pop(rid, ()):
@@ -163,5 +179,6 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
                 f"{plural(num_blocks - 1, 'usable block')} of {block_size} tokens hold"
             )
     result.num_preemptions = sched.num_preemptions
+    result.preempted_queries, result.preempted_hits = sched.preempted_queries, sched.preempted_hits
     result.causes = dict(sched.causes)
     return result

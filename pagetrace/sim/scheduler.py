@@ -72,6 +72,9 @@ class Scheduler:
     step_count: int = 0
     num_preemptions: int = 0
     causes: dict = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))  # prompt tokens by hit/miss cause
+    # vLLM's PrefixCacheStats (vllm/v1/metrics/stats.py `record`): a preempted request's lookups count apart
+    preempted_queries: int = 0
+    preempted_hits: int = 0
     cruise: bool = True  # skip the requests whose step changes nothing (exact; see the module doc)
     _cruising: bool = False  # every running request is decoding and filed in the calendar
     _calendar: Calendar | None = None
@@ -198,10 +201,15 @@ class Scheduler:
                 req.seq, req.synced = self._seq, step
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_hit
+                    req.why = why
                     for cause, n_tokens in why.items():
                         self.causes[cause] += n_tokens
                     req.first_scheduled = step
                     hit_tokens += num_hit
+                else:
+                    req.recomputed_hit_tokens += num_hit
+                    self.preempted_queries += req.prompt_len + req.num_generated
+                    self.preempted_hits += num_hit
                 req.status = RUNNING
                 req.num_computed = num_hit
                 self._computed += num_hit

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from .request import SimRequest
+from .trace import TraceHeader, header_from_json
 
 UNIQUE_STRIDE = 1 << 24  # token ids of one request's own text: [(i + 1) * UNIQUE_STRIDE, ...)
 MAX_REQUESTS = 100_000  # requests after n-fold expansion: 100,000 take 9.4-13 s (bench/README.md); a typo of 10**9 is refused at once
@@ -99,13 +100,54 @@ def _field(obj: dict, key: str, line: int, kind: type, default=None, minimum: in
     return value
 
 
+@dataclass(slots=True)
+class Trace:
+    """A parsed trace: the requests (n expanded) and what a comparison with a server needs."""
+
+    requests: list[SimRequest]
+    header: TraceHeader | None  # None: a version-0 trace (no header line)
+    given_hashes: dict[str, list[int]]  # request id -> vLLM's hashes of its full blocks (hashes-only traces)
+    lora: dict[str, str]  # request id -> LoRA name, where one was used
+    priority: dict[str, int]  # request id -> priority, where not 0 (read, not simulated)
+
+
 def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest]:
+    """The requests of `read_trace`."""
+    return read_trace(text, block_size, source).requests
+
+
+def _surrogate(hashes: list[int], length: int, block_size: int, base: int) -> list[int]:
+    """Token ids that stand for a private request: full block i is (hashes[i], -1, -1, ...),
+    so two blocks are equal in the simulator exactly when vLLM's hashes of them (which cover
+    the whole prefix) are; the rest are ids no other request has (negative, below -1)."""
+    out = []
+    for pos in range(length):
+        b, j = divmod(pos, block_size)
+        out.append((hashes[b] if j == 0 else -1) if b < len(hashes) else -(base + pos + 2))
+    return out
+
+
+def _hash_list(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in value):
+        raise UsageError("--trace", str(value)[:40], f"{where} must be a list of non-negative integer block hashes")
+    return value
+
+
+def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     """`source` is the trace's file name, for the error of a trace with no request.
-    One JSON object per line: `prompt` (token ids) or `prompt_len` (with an optional
-    `shared_prefix`: that many leading tokens common to all requests), `output_len` (or
-    `output`: token ids), `arrival` (step, default 0), `n` (default 1), `cache_salt`, `id`."""
+    The first line may be a header (trace.py: format, version, block size, hashing); then one
+    JSON object per line: `prompt` (token ids), `prompt_len` with `block_hashes` (a
+    hashes-only trace) or with an optional `shared_prefix` (that many leading tokens common
+    to all requests), `output_len` (or `output`: token ids; `outputs`: one list per sample),
+    `max_tokens`, `arrival` (step, default 0), `time` (seconds), `n` (default 1), `cache_salt`,
+    `lora_name`, `priority`, `id`."""
     out: list[SimRequest] = []
     ids: set[str] = set()
+    header: TraceHeader | None = None
+    given: dict[str, list[int]] = {}
+    lora: dict[str, str] = {}
+    priority: dict[str, int] = {}
+    first = True
     for line_no, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -116,11 +158,38 @@ def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest
             raise UsageError("--trace", raw[:40], f"trace line {line_no} is not JSON ({reason})") from None
         if not isinstance(obj, dict):
             raise UsageError("--trace", raw[:40], f"trace line {line_no} is not a JSON object")
+        if first and "format" in obj:
+            header = header_from_json(obj, line_no)
+            first = False
+            if header.hashes_only and header.block_size != block_size:
+                raise UsageError("--block-size", block_size, f"the trace holds hashes of {header.block_size}-token blocks "
+                                                             f"(hashes only, no token ids); simulate it with --block-size {header.block_size}")
+            continue
+        first = False
+        if "format" in obj:
+            raise UsageError("--trace", raw[:40], f"trace line {line_no}: a header line ('format') is allowed only as the first line")
         rid = str(obj.get("id", len(ids)))
         if rid in ids:
             raise UsageError("--trace", rid, f"trace line {line_no}, field 'id' repeats an earlier request id")
         ids.add(rid)
         base = (line_no + 1) * UNIQUE_STRIDE
+        hashes_only = header is not None and header.hashes_only
+        n = _field(obj, "n", line_no, int, 1, minimum=1)
+        if len(out) + n > MAX_REQUESTS:
+            raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
+        hashes = None
+        if hashes_only:
+            if "prompt" in obj:
+                raise UsageError("--trace", raw[:40], f"trace line {line_no} has 'prompt' token ids in a hashes-only trace")
+            if "block_hashes" not in obj:
+                raise UsageError("--trace", raw[:40], f"trace line {line_no} needs 'block_hashes' (the trace is hashes only)")
+            value = obj["block_hashes"]
+            per_sample = isinstance(value, list) and bool(value) and isinstance(value[0], list)
+            hashes = [_hash_list(v, f"trace line {line_no}, field 'block_hashes'") for v in (value if per_sample else [value])]
+            if per_sample and len(hashes) != n:
+                raise UsageError("--trace", len(hashes), f"trace line {line_no}, field 'block_hashes' has {len(hashes)} lists for n={n} samples")
+        elif "block_hashes" in obj:
+            raise UsageError("--trace", raw[:40], f"trace line {line_no} has 'block_hashes' but the header does not say hashes_only")
         if "prompt" in obj:
             prompt = _field(obj, "prompt", line_no, list, minimum=1)
         else:
@@ -130,30 +199,54 @@ def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest
             shared = _field(obj, "shared_prefix", line_no, int, 0, minimum=0)
             if shared > plen:
                 raise UsageError("--trace", shared, f"trace line {line_no}, field 'shared_prefix' exceeds prompt_len {plen}")
-            prompt = SyntheticTokens(shared, base, plen)
-        if "output" in obj:
-            output = _field(obj, "output", line_no, list, minimum=1)
-        else:
-            olen = _field(obj, "output_len", line_no, int, minimum=1)
-            if olen is None:
-                raise UsageError("--trace", raw[:40], f"trace line {line_no} needs 'output_len' or 'output'")
-            output = None
+            prompt = None if hashes_only else SyntheticTokens(shared, base, plen)
+        outputs = None
+        if "outputs" in obj:
+            outputs = obj["outputs"]
+            if not isinstance(outputs, list) or len(outputs) != n:
+                raise UsageError("--trace", str(outputs)[:40], f"trace line {line_no}, field 'outputs' must hold one list of token ids per sample (n={n})")
+            outputs = [_field({"outputs": o}, "outputs", line_no, list, minimum=1) for o in outputs]
+        elif "output" in obj:
+            outputs = [_field(obj, "output", line_no, list, minimum=1)] * n
+        olen = _field(obj, "output_len", line_no, int, minimum=1)
+        if olen is None:
+            olen = _field(obj, "max_tokens", line_no, int, minimum=1)
+        if olen is None and outputs is None:
+            raise UsageError("--trace", raw[:40], f"trace line {line_no} needs 'output_len' or 'output'")
         arrival = _field(obj, "arrival", line_no, int, 0, minimum=0)
-        n = _field(obj, "n", line_no, int, 1, minimum=1)
-        if len(out) + n > MAX_REQUESTS:
-            raise UsageError("--trace", n, f"trace line {line_no}: the trace makes more than {MAX_REQUESTS:,} requests (n included), more than the simulator runs")
+        t = obj.get("time")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+            raise UsageError("--trace", t, f"trace line {line_no}, field 'time' must be a number of seconds >= 0")
         salt = _field(obj, "cache_salt", line_no, str)
         if salt == "":  # vLLM's API rejects it (validate_cache_salt); SGLang would read it as no salt
             raise UsageError("--trace", salt, f"trace line {line_no}, field 'cache_salt' must be a non-empty string if given (vLLM rejects an empty salt)")
+        name = _field(obj, "lora_name", line_no, str)
+        prio = _field(obj, "priority", line_no, int, 0)
+        key = salt
+        if name:  # LoRA is an extra key of every block (kv_cache_utils.py _gen_lora_extra_hash_keys); as the
+            # chain carries the first block's keys into every later hash, one key on block 0 is the same equality
+            key = f"{salt or ''}\x00lora:{name}"
         for k in range(n):
-            sample = output
-            if sample is None:
+            sid = rid if n == 1 else f"{rid}.{k}"
+            sample = outputs[k] if outputs is not None else None
+            p = prompt
+            if hashes_only:
+                own = hashes[k if len(hashes) > 1 else 0]
+                length = plen + (len(sample) if sample is not None else olen)
+                tokens = _surrogate(own, length, block_size, base + k * (UNIQUE_STRIDE // 64))
+                p, sample = tokens[:plen], tokens[plen:]
+                given[sid] = own
+                key = None  # the salt is inside the hashes
+            elif sample is None:
                 start = base + UNIQUE_STRIDE // 2 + k * (UNIQUE_STRIDE // 64)
                 sample = range(start, start + olen)
-            out.append(SimRequest(rid if n == 1 else f"{rid}.{k}", prompt, sample, arrival=arrival, cache_salt=salt,
-                                  group=None if n == 1 else rid))
+            if name:
+                lora[sid] = name
+            if prio:
+                priority[sid] = prio
+            out.append(SimRequest(sid, p, sample, arrival=arrival, cache_salt=key, group=None if n == 1 else rid))
     if not out:
-        what = "is empty" if not text else "holds only blank lines"
+        what = "is empty" if not text else ("holds only its header" if header is not None else "holds only blank lines")
         raise UsageError("--trace", source, f"the file {what}: a trace has one JSON request per line")
     out.sort(key=lambda r: r.arrival)  # stable: file order within a step
-    return out
+    return Trace(out, header, given, lora, priority)

@@ -136,3 +136,72 @@ def render_simulation(summary: Summary, steps: list[StepRecord], rows: int, tabl
     parts += [block_tables(s, t) for s, t in tables_at.items()]
     parts += [totals(summary), causes_table(summary), waste_table(summary)]
     return Group(*parts)
+
+
+def render_metric(metric: dict) -> str:
+    q, h = metric["queries"], metric["hits"]
+    line = (f"vLLM's prefix-cache metric would read {h:,} hits of {q:,} queried tokens ({h / q:.1%}), the hits above: "
+            f"it counts each request at its first admission, as pagetrace does" if q else "vLLM's prefix-cache metric: no request admitted")
+    if metric["preempted_queries"]:
+        line += (f"; preempted requests' lookups apart (preempted_hits {metric['preempted_hits']:,} of "
+                 f"{metric['preempted_queries']:,}: recomputation served from the cache)")
+    return line
+
+
+def render_explained(requests, explained: list[dict]) -> Table:
+    table = Table(title="prefix-cache outcome per request (prompt tokens)", title_justify="left")
+    for col in ("request", "prompt", "hit", "partial block", "evicted", "other key", "first seen", "why"):
+        header(table, col, justify="left" if col in ("request", "why") else "right", no_wrap=col == "request")
+    for req, doc in zip(requests, explained):
+        why = doc["prompt_tokens_by_cause"]
+        if why is None:
+            continue
+        notes = {}
+        for e in doc.get("evicted_blocks", []):
+            if e["step"] is not None:
+                key = f"evicted at step {e['step']} by {e['by']}"
+                notes[key] = notes.get(key, 0) + 1
+        writers = list(dict.fromkeys(e["by"] for e in doc.get("hit_while_written", [])))
+        parts = [k + (f" (x{n})" if n > 1 else "") for k, n in notes.items()]
+        if writers:
+            parts.append(f"hit while written by {', '.join(writers)}")
+        if doc.get("recomputed_hit_tokens"):
+            parts.append(f"{doc['recomputed_hit_tokens']} tokens hit again after preemption")
+        by = "; ".join(parts)
+        table.add_row(req.request_id, str(req.prompt_len), str(why["hit"]), str(why["partial block"]), str(why["evicted"]),
+                      str(why["different extra key"]), str(why["first seen"]), by)
+    return table
+
+
+def render_comparison(cmp, stream, source: str) -> str:
+    lines = [f"KV events: pagetrace predicts {cmp.predicted:,} block events, {source} holds {cmp.server:,} "
+             f"({len(stream.batches):,} messages); compared by {cmp.mode}"]
+    if cmp.first_divergence is None:
+        lines.append(f"  equal: every BlockStored and BlockRemoved, hash by hash, in order ({cmp.agree:,})")
+    else:
+        d = cmp.first_divergence
+        lines.append(f"  agree on the first {cmp.agree:,}; first divergence at event {d['item']:,}:")
+        for who in ("pagetrace", "server"):
+            s = d[who]
+            extra = "".join(f", {k} {s[k]}" for k in ("request", "block") if k in s)
+            lines.append(f"    {who}: {s['did']}" + (f" {s['hash']} ({s['where']}{extra})" if "hash" in s else ""))
+        if "reason" in d:
+            lines.append(f"  why: {d['reason']}")
+    if stream.gaps:
+        lines.append("  sequence gaps: " + ", ".join(f"{a}..{b}" for a, b in stream.gaps))
+    lines += [f"  note: {n}" for n in cmp.notes]
+    return "\n".join(lines)
+
+
+def render_what_if(outcomes) -> Table:
+    t = Table(title="what if: the same workload under other settings", title_justify="left")
+    t.add_column("setting", no_wrap=True, min_width=min(max(len(o.label) for o in outcomes), 40))
+    for col in ("hit rate", "peak use", "mean use", "preempted", "steps", "evicted"):
+        header(t, col, justify="right")
+    for o in outcomes:
+        usable = o.setting.num_blocks - 1
+        t.add_row(o.label, f"{o.hit_rate:.1%}", f"{o.peak_used / usable:.0%}", f"{o.mean_used_share:.0%}",
+                  f"{o.preemptions:,}", f"{o.steps:,}", f"{o.evictions:,}")
+    t.caption = "use: blocks in use after a step, as a share of the run's pool; preempted: preemptions; evicted: cached blocks reused"
+    t.caption_justify = "left"
+    return t

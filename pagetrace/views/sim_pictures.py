@@ -349,3 +349,40 @@ def waste_svg(systems: list[Waste], title: str) -> str:
     out.append(f'<text x="{left}" y="{height - 12}" font-size="10">shares of the KV slot-steps each system handed to requests (after each step, summed over the run)</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+WHAT_IF_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
+def what_if_svg(outcomes, title: str = "blocks in use over time, as given and under each --what-if") -> str:
+    """One line per run: blocks in use after each step, as a share of its pool's usable blocks."""
+    left, top, plot_w, plot_h = 60, 50, 640, 300
+    legend_h = 20 * len(outcomes)
+    width, height = left + plot_w + 30, top + plot_h + 50 + legend_h
+    longest = max((len(o.used_over_time) for o in outcomes), default=1) or 1
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    for pct in range(0, 101, 20):
+        y = top + plot_h - plot_h * pct / 100
+        out.append(f'<line x1="{left - 4}" y1="{y}" x2="{left + plot_w}" y2="{y}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{pct}%</text>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 32}" text-anchor="middle">step (of {longest:,})</text>')
+    for k in range(0, 5):
+        x = left + plot_w * k / 4
+        out.append(f'<text x="{x}" y="{top + plot_h + 16}" text-anchor="middle">{round((longest - 1) * k / 4):,}</text>')
+    for i, o in enumerate(outcomes):
+        colour = WHAT_IF_COLOURS[i % len(WHAT_IF_COLOURS)]
+        used, usable = o.used_over_time, max(o.setting.num_blocks - 1, 1)
+        stride = max(1, len(used) // 1000)
+        points = " ".join(f"{left + plot_w * j / max(longest - 1, 1):.1f},{top + plot_h - plot_h * min(used[j] / usable, 1):.1f}"
+                          for j in range(0, len(used), stride))
+        dash = ' stroke-dasharray="6 3"' if i % 2 else ""  # a run that matches another stays visible
+        out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}><title>{escape(o.label)}</title></polyline>')
+        y = top + plot_h + 50 + 20 * i
+        out.append(f'<rect x="{left}" y="{y - 10}" width="14" height="4" fill="{colour}"/>')
+        out.append(f'<text x="{left + 20}" y="{y - 4}">{escape(o.label)}: hit rate {o.hit_rate:.1%}, peak {o.peak_used:,}/{usable:,} blocks, {o.preemptions:,} preemptions</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
