@@ -30,10 +30,11 @@ from .check import Violation
 
 def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size: int, num_blocks: int,
             null_block: int | None = 0, sharing: str = "full-blocks", positions=None, sliding_window: int | None = None,
-            slot_padding: int = -1) -> bool:
+            slot_padding: int = -1, num_tokens: int | None = None) -> bool:
     """True when every invariant holds. Tensors as the engine holds them (any int dtype, any
     device): query_start_loc [R + 1], seq_lens [R], block_table [R, M], slot_mapping [>= T]
-    (padding after the T = query_start_loc[R] real tokens), positions [>= T] or None."""
+    (padding after the T = query_start_loc[R] real tokens), positions [>= T] or None;
+    num_tokens: the engine's count of real tokens (vLLM's num_actual_tokens), T must equal it."""
     import torch
 
     dev = block_table.device
@@ -49,6 +50,8 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     qlen = qsl[1:] - qsl[:-1]
     total = qsl[-1]
     bad = (qsl[0] != 0) | (qlen < 0).any() | (qlen > lens).any() | (total > rows) | (total < 0)
+    if num_tokens is not None:
+        bad |= total != num_tokens
     index = torch.arange(rows, device=dev)
     bad |= ((index >= total) & (slots != slot_padding)).any()  # padding past the real tokens
     # per token: its request and position (a broken qsl was flagged above; clamped for safe indexing)
@@ -92,14 +95,43 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     return not bool(bad)
 
 
-def name(manifest, step) -> list[Violation]:
+def as_step(step: int, requests: list[str], tensors: dict):
+    """A `check` Step from the index tensors of `vllm.step_tensors` (torch, any device)."""
+    from pathlib import Path
+
+    from .bundle import Step
+
+    names = ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")
+    return Step(step=step, file=Path("-"), requests=list(requests), layers=[], dtypes={k: str(tensors[k].dtype).replace("torch.", "") for k in names},
+                **{k: tensors[k].tolist() for k in names})
+
+
+def manifest(*, layout: str, num_blocks: int, block_size: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: str,
+             sharing: str, num_layers: int = 1, null_block: int | None = 0, sliding_window: int | None = None, scale: float = 1.0):
+    """The `check` Manifest of an engine's cache, for naming what the guard found (bytes included)."""
+    from ..layouts import LAYOUTS
+    from .bundle import Manifest
+
+    return Manifest(engine={"name": "vllm"}, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                    dtype=dtype, layout=LAYOUTS[layout], block_size=block_size, kernel_block_size=block_size, num_blocks=num_blocks,
+                    null_block=null_block, table_padding=0, slot_padding=-1, sharing=sharing, scale=scale, k_scale=1.0, v_scale=1.0,
+                    sliding_window=sliding_window, layers={}, steps=[])
+
+
+def name(manifest, step, num_tokens: int | None = None) -> list[Violation]:
     """Every index violation of the step, as `pagetrace check` names them (not `dtype`:
     the engine's tensors are what they are; not `stored`: nothing is stored yet)."""
     from .check import Checker
 
+    found = []
+    total = step.query_start_loc[-1] if step.query_start_loc else 0
+    if num_tokens is not None and total != num_tokens:
+        found.append(Violation("query", step.step, f"query_start_loc ends at {total}; the engine counts {num_tokens} real tokens"))
+    if len(step.positions) < total:  # check reads a position per token: the missing ones are wrong ones
+        step.positions = step.positions + [-1] * (total - len(step.positions))
     checker = Checker(manifest, step)
     checker.run()
-    return [v for v in checker.found if v.check not in ("dtype", "stored")]
+    return found + [v for v in checker.found if v.check not in ("dtype", "stored")]
 
 
 def line(v: Violation) -> str:

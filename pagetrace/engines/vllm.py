@@ -143,7 +143,7 @@ def step_tensors(metadata, block_size: int, positions=None) -> dict:
     table = metadata.block_table[:num_reqs].cpu()
     counts = (seq_lens.to(torch.int64) + block_size - 1) // block_size
     qlens = (qsl[1:] - qsl[:-1]).to(torch.int64)
-    derived = torch.cat([torch.arange(int(s) - int(q), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
+    derived = torch.cat([torch.arange(int(s) - max(int(q), 0), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
     num_tokens = int(qsl[-1]) if num_reqs else 0
     positions = derived if positions is None or positions.shape[0] < num_tokens else positions[:num_tokens].cpu()
     used = [table[r, : int(counts[r])] for r in range(num_reqs)]
@@ -370,15 +370,12 @@ class Recorder:
 
     def as_manifest(self):
         """The `Manifest` object `check` reads, for naming the guard's findings."""
-        from ..layouts import LAYOUTS
-        from .bundle import Manifest
+        from .guard import manifest
 
         m = self.meta
-        return Manifest(engine={"name": "vllm"}, num_layers=self.num_layers, num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"],
-                        head_dim=m["head_dim"], dtype=m["dtype"], layout=LAYOUTS[m["layout"]], block_size=self.block_size,
-                        kernel_block_size=self.block_size, num_blocks=m["num_blocks"], null_block=0, table_padding=0, slot_padding=-1,
-                        sharing="full-blocks" if self.prefix_caching else "none", scale=m["scale"], k_scale=m["k_scale"],
-                        v_scale=m["v_scale"], sliding_window=m["sliding_window"], layers=dict(m["layers"]), steps=[])
+        return manifest(layout=m["layout"], num_blocks=m["num_blocks"], block_size=self.block_size, num_heads=m["num_heads"],
+                        num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"], dtype=m["dtype"], num_layers=self.num_layers,
+                        sharing="full-blocks" if self.prefix_caching else "none", sliding_window=m["sliding_window"], scale=m["scale"])
 
     def write(self, path: str | Path, **capture) -> Path:
         """The kept steps as a bundle at `path` (written whole or not at all)."""
@@ -473,9 +470,10 @@ class Tap:
 
         rec = self.recorder
         if verdict(m.query_start_loc, m.seq_lens, m.block_table, m.slot_mapping, block_size=rec.block_size, num_blocks=rec.meta["num_blocks"],
-                   sharing="full-blocks" if rec.prefix_caching else "none", positions=positions, sliding_window=rec.meta["sliding_window"]):
+                   sharing="full-blocks" if rec.prefix_caching else "none", positions=positions, sliding_window=rec.meta["sliding_window"],
+                   num_tokens=int(m.num_actual_tokens)):
             return []
-        found = name(rec.as_manifest(), self.step_for_check(m, positions, step))
+        found = name(rec.as_manifest(), self.step_for_check(m, positions, step), int(m.num_actual_tokens))
         for v in found[:8]:
             self.log(line(v))
         if len(found) > 8:
@@ -484,15 +482,13 @@ class Tap:
         return found or [_unnamed(step)]
 
     def step_for_check(self, m, positions, step: int):
-        from .bundle import Step
+        from .guard import as_step
 
         n = int(m.num_actual_tokens)
         t = step_tensors(m, self.recorder.block_size, None if positions is None else positions[:n])
         num_reqs = len(t["seq_lens"])
         ids = [client_id(str(i)) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
-        ids += [f"row{r}" for r in range(len(ids), num_reqs)]
-        return Step(step=step, file=Path("-"), requests=ids, layers=[], dtypes={k: str(v.dtype).replace("torch.", "") for k, v in t.items()},
-                    **{k: t[k].tolist() for k in ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")})
+        return as_step(step, ids + [f"row{r}" for r in range(len(ids), num_reqs)], t)
 
     def fire(self, found, step: int) -> None:
         if self.on_fire is not None:
