@@ -51,10 +51,7 @@ def register() -> None:
 
 
 def _refuse(message: str):
-    """One line, and the process exits (the server does not start)."""
-    import sys
-
-    print(f"pagetrace: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, and the process exits with status 1 (the server does not start)."""
     raise SystemExit(f"pagetrace: refusing to start vLLM: {message}")
 
 
