@@ -3,7 +3,10 @@ the kernel reads them.
 
 `verdict()` is the hot path, run on every step: torch ops on the device the metadata
 lives on and one host sync (the final `bool`), no Python loop over requests or tokens.
-It covers the index checks of `pagetrace check` (engines/check.py) exactly:
+It covers the index checks of `pagetrace check` (engines/check.py) exactly. Its work is
+O(R x M + T log T + pool): R requests, M table columns, T new tokens, and one scatter bin
+per block of the pool (the sharing check), all fixed shapes (no masked selects, which
+would sync a GPU to learn their size):
 
     query       query_start_loc starts at 0, never decreases, no request has more new
                 tokens than tokens, ends inside slot_mapping; slot padding is padding
@@ -49,49 +52,56 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     bs = block_size
     qlen = qsl[1:] - qsl[:-1]
     total = qsl[-1]
-    bad = (qsl[0] != 0) | (qlen < 0).any() | (qlen > lens).any() | (total > rows) | (total < 0)
+    # each check adds a boolean tensor (True: broken); one `any` over them all at the end
+    fails = [qsl[:1] != 0, total.view(1) > rows, total.view(1) < 0, qlen < 0, qlen > lens]
     if num_tokens is not None:
-        bad |= total != num_tokens
+        fails.append(total.view(1) != num_tokens)
     index = torch.arange(rows, device=dev)
-    bad |= ((index >= total) & (slots != slot_padding)).any()  # padding past the real tokens
+    real = index < total
     # per token: its request and position (a broken qsl was flagged above; clamped for safe indexing)
     owner = (torch.searchsorted(qsl[1:].clamp(min=0), index, right=True)).clamp(max=num_reqs - 1)
-    real = index < total
     pos = lens[owner] - qlen[owner] + (index - qsl[owner])
-    if positions is not None:
-        given = positions.to(torch.int64)[:rows]
-        bad |= (real[: given.shape[0]] & (given != pos[: given.shape[0]])).any()
     logical = torch.div(pos, bs, rounding_mode="floor")
     inside = real & (logical >= 0) & (logical < width)
     want = table[owner, logical.clamp(0, width - 1)] * bs + pos.remainder(bs)
-    bad |= (inside & (slots != want)).any()
+    token_bad = (~real & (slots != slot_padding)) | (inside & (slots != want))  # padding past the real tokens; the slot
+    if positions is not None:
+        given = positions.to(torch.int64)[:rows]
+        token_bad[: given.shape[0]] |= real[: given.shape[0]] & (given != pos[: given.shape[0]])
+    fails.append(token_bad)
     # collision: two real tokens on one slot (padding never collides)
-    written = torch.where(real & (slots != slot_padding), slots, torch.full_like(slots, torch.iinfo(torch.int64).min))
-    ordered = torch.sort(written).values
-    bad |= ((ordered[1:] == ordered[:-1]) & (ordered[1:] != torch.iinfo(torch.int64).min)).any()
-    # the table entries the tokens need
+    low = torch.iinfo(torch.int64).min
+    ordered = torch.sort(torch.where(real & (slots != slot_padding), slots, low)).values
+    fails.append((ordered[1:] == ordered[:-1]) & (ordered[1:] != low))
+    # the table entries the tokens need: in the pool, and (where visible) not the null block
     need = torch.div(lens + bs - 1, bs, rounding_mode="floor")
-    bad |= (need > width).any()
+    fails.append(need > width)
     j = torch.arange(width, device=dev).view(1, -1)
     used = j < need.view(-1, 1)
-    bad |= (used & ((table < 0) | (table >= num_blocks))).any()
+    in_pool = (table >= 0) & (table < num_blocks)
+    entry_bad = used & ~in_pool
     if null_block is not None:
         visible = used if sliding_window is None else used & ((j + 1) * bs > (lens - sliding_window).view(-1, 1))
-        bad |= (visible & (table == null_block)).any()
-    # sharing: used, non-null entries sorted by (block, request); neighbours in one block must agree
-    keep = used if null_block is None else used & (table != null_block)
-    req = torch.arange(num_reqs, device=dev).view(-1, 1).expand_as(table)
-    blk, rr, ll = table[keep], req[keep], j.expand_as(table)[keep]
-    full = (ll + 1) * bs <= lens[rr]
-    key = blk.clamp(0, num_blocks) * num_reqs + rr
-    order = torch.argsort(key)
-    blk, rr, ll, full, key = blk[order], rr[order], ll[order], full[order], key[order]
-    same_block = blk[1:] == blk[:-1]
-    twice = key[1:] == key[:-1]  # one request holds the block twice
+        entry_bad |= visible & (table == null_block)
+    fails.append(entry_bad)
+    # sharing, per physical block over the entries that use it (scatter into one bin per block,
+    # the pool's size; entries unused, null or outside the pool go to an extra bin): a block in
+    # two entries is fine only when every one is the same logical block, full (prefix caching).
+    # Two entries of one request are two logical blocks, so min != max catches them too.
+    flat = used & in_pool if null_block is None else used & in_pool & (table != null_block)
+    bins = torch.where(flat, table, num_blocks).reshape(-1)
+    count = torch.zeros(num_blocks + 1, dtype=torch.int64, device=dev).scatter_add_(0, bins, flat.reshape(-1).to(torch.int64))
+    shared = count[:num_blocks] > 1
     if sharing == "none":
-        bad |= same_block.any()
+        fails.append(shared)
     else:
-        bad |= (same_block & (twice | (ll[1:] != ll[:-1]) | ~full[1:] | ~full[:-1])).any()
+        ll = j.expand_as(table).reshape(-1)
+        full = ((j + 1) * bs <= lens.view(-1, 1)).reshape(-1).to(torch.int64)
+        lo = torch.full((num_blocks + 1,), width, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, ll, "amin")
+        hi = torch.full((num_blocks + 1,), -1, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, ll, "amax")
+        all_full = torch.ones(num_blocks + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, full, "amin")
+        fails.append(shared & ((lo[:num_blocks] != hi[:num_blocks]) | (all_full[:num_blocks] == 0)))
+    bad = torch.cat([f.reshape(-1) for f in fails]).any()
     return not bool(bad)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import RuntimeFailure, UsageError
@@ -411,6 +412,8 @@ class Tap:
         self.runner, self.recorder, self.guard, self.on_fire, self.plants = runner, recorder, guard, on_fire, plants or {}
         self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
         self.step = -1
+        self.paused = False  # the guard off for now (the plugin's SIGUSR2)
+        self.guard_seconds, self.guard_steps = 0.0, 0  # time in the guard, and the steps it checked
         self.installed = False
         self.fired: list = []  # every violation found, in order
 
@@ -440,7 +443,12 @@ class Tap:
         positions = positions if positions is not None and positions.dim() == 1 else None
         undo = [edit(m) for edit in self.plants.get(step, ())]
         try:
-            found = self.check(m, positions, step) if self.guard else []
+            found = []
+            if self.guard and not self.paused:
+                started = time.perf_counter()
+                found = self.check(m, positions, step)
+                self.guard_seconds += time.perf_counter() - started
+                self.guard_steps += 1
             if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
                 num_reqs = int(m.seq_lens.shape[0])
                 ids = [str(i) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]

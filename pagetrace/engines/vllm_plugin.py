@@ -275,13 +275,23 @@ class Session:
         how = f"proven on {proof['writer']}" if proof.get("method") == "writer" else "read from the cache's strides"
         self.logger.info("pagetrace: %s; rank %d of %d, %s, layout %s %s%s", self.settings.words(), self.rank, self.world_size, m["backend"],
                          m["layout"], how, f" (isa {m['isa']})" if m.get("isa") else "")
-        if self.settings.capture is not None:
-            import signal
-            import threading
+        import signal
+        import threading
 
+        main = threading.current_thread() is threading.main_thread()
+        if self.settings.capture is not None:
             self.open()
-            if threading.current_thread() is threading.main_thread():
+            if main:
                 signal.signal(signal.SIGUSR1, lambda signum, frame: self.rotate("signal SIGUSR1"))
+        if self.settings.guard is not None and main:
+            signal.signal(signal.SIGUSR2, lambda signum, frame: self.toggle())
+
+    def toggle(self) -> None:
+        """SIGUSR2: the guard off, or on again (bench/bench_guard.py compares the two in one server)."""
+        tap = self.tap
+        tap.paused = not tap.paused
+        cost = f"; {tap.guard_steps} steps checked so far, {tap.guard_seconds / tap.guard_steps * 1e6:.0f} µs each" if tap.guard_steps else ""
+        self.logger.info("pagetrace guard: %s after step %d%s", "paused" if tap.paused else "resumed", tap.step, cost)
 
     def path(self):
         from pathlib import Path
