@@ -140,8 +140,32 @@ def server(model: Path, log: Path, env: dict, expect_start: bool = True):
                 proc.wait(timeout=30)
 
 
+def worker_pid(server: int) -> int:
+    """vLLM's worker process (it names itself VLLM::Worker) under the server."""
+    import psutil  # vLLM's dependency
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(server).children(recursive=True):
+            try:
+                if "VLLM::Worker" in child.name() or "VLLM::Worker" in " ".join(child.cmdline()):
+                    return child.pid
+            except psutil.Error:
+                continue
+        time.sleep(0.5)
+    raise AssertionError("no VLLM::Worker process under the server")
+
+
+def wait_for(log: Path, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"{text!r} not in the server's log after {timeout} s"
+        time.sleep(0.2)
+
+
 def guard_lines(log: Path) -> list[str]:
-    return [line[line.index("pagetrace guard:"):] for line in log.read_text().splitlines() if "pagetrace guard:" in line]
+    """The guard's violation lines (not its paused/resumed lines)."""
+    return [line[line.index("pagetrace guard: step "):] for line in log.read_text().splitlines() if "pagetrace guard: step " in line]
 
 
 def manifest(bundle: Path) -> dict:
@@ -262,6 +286,16 @@ def test_a_planted_bad_table_entry_and_bad_slot_are_caught_at_their_steps(model,
         results = load(port)
         assert all(code == 200 for code, _ in results.values()), results  # report only: every request served
         assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
+        worker = worker_pid(proc.pid)
+        os.kill(worker, signal.SIGUSR1)  # close the bundle capture is writing now
+        wait_for(log, "pagetrace: signal SIGUSR1: ")
+        os.kill(worker, signal.SIGUSR2)  # pause the guard (signals are not queued: one at a time)
+        wait_for(log, "pagetrace guard: paused")
+        os.kill(worker, signal.SIGUSR2)  # and resume it
+        wait_for(log, "pagetrace guard: resumed")
+    second = manifest(tmp_path / "capture.bundle.2")
+    assert second["closed"] == "signal SIGUSR1" and second["steps"][0]["step"] >= table_step + 1
+    assert "pagetrace guard: paused after step" in log.read_text() and "µs each" in log.read_text()
     lines = guard_lines(log)
     at = {int(line.split("step ")[1].split(" ")[0]) for line in lines}
     assert at == {table_step, slot_step}, lines

