@@ -92,3 +92,47 @@ def test_settings_words(tmp_path):
     assert s.words() == f"guard report, capture to {tmp_path}/x.bundle (steps 5-, layers all, ring 256 MiB)"
     with pytest.raises(UsageError, match="PAGETRACE_GUARD"):
         Settings.from_env({"PAGETRACE_GUARD": "Raise"})
+
+
+def test_the_recorder_keeps_the_chosen_steps_and_requests():
+    from pagetrace.engines.vllm import Recorder
+
+    r = Recorder(steps=[(0, 2), (10, None)], requests=["cmpl-b"])
+    assert [s for s in range(15) if r.wants(s, ["cmpl-b-0"])] == [0, 1, 2, 10, 11, 12, 13, 14]
+    assert not r.wants(1, ["cmpl-a-0", "cmpl-bb-0"])  # cmpl-bb is not cmpl-b
+    assert Recorder(steps=[3, 5]).wants(5, []) and not Recorder(steps=[]).wants(0, [])
+
+
+def test_a_live_bundle_is_whole_after_every_step_and_the_ring_drops_the_oldest(tmp_path):
+    from pagetrace.engines.bundle import LiveBundle, read_manifest, read_step
+
+    def step_tensors(first_block):
+        return {
+            "query_start_loc": torch.tensor([0, 1], dtype=torch.int32), "seq_lens": torch.tensor([5], dtype=torch.int32),
+            "block_table": torch.tensor([[first_block, first_block + 1]], dtype=torch.int32), "block_counts": torch.tensor([2], dtype=torch.int32),
+            "slot_mapping": torch.tensor([(first_block + 1) * 4], dtype=torch.int64), "positions": torch.tensor([4]),
+            "blocks": torch.tensor([first_block, first_block + 1]), "layer0.kv": torch.zeros(2, 1, 4, 16, dtype=torch.bfloat16),
+        }
+
+    path = tmp_path / "live.bundle"
+    live = LiveBundle(path, {
+        "engine": {"name": "vllm"}, "model": {"num_layers": 1, "num_heads": 1, "num_kv_heads": 1, "head_dim": 8},
+        "kv_cache": {"dtype": "bf16", "layout": "vllm-cpu", "block_size": 4, "num_blocks": 16, "null_block": 0, "table_padding": 0,
+                     "slot_padding": -1, "sharing": "none"},
+        "attention": {"scale": 1.0, "causal": True, "sliding_window": None}, "layers": [{"index": 0, "name": "l0"}]})
+    assert not path.exists()  # created at the first step
+    for step in range(4):
+        live.add(step, [f"r-{step}"], [0], step_tensors(1 + 2 * step), drop=[step - 2] if step >= 2 else [])
+        m = read_manifest(path)
+        assert [s["step"] for s in m.steps] == list(range(max(0, step - 1), step + 1))
+        for s in m.steps:
+            read_step(path, m, s["step"])
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "step-0002.safetensors", "step-0003.safetensors"]
+    live.set("closed", "signal SIGUSR1")
+    assert json_of(path)["closed"] == "signal SIGUSR1"
+
+
+def json_of(path):
+    import json
+
+    return json.loads((path / "manifest.json").read_text())
