@@ -65,6 +65,29 @@ def test_run_json_addresses_match_lookup(capsys):
                 assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
 
 
+@pytest.mark.parametrize("layout", ["vllm-cpu", "flashinfer-hnd", "nhd"])
+def test_replay_json_addresses_match_lookup_from(capsys, tmp_path, layout):
+    """Every traced token's key/value element and byte, per KV head, are `lookup --from`'s: the
+    bundle's own layout and real block ids (a split key, a combined HND buffer, two tensors)."""
+    from test_engines import write_bundle
+
+    bundle = write_bundle(tmp_path / "b", layout)
+    for request in ("a", "b"):
+        code, out, err = cli(capsys, "replay", str(bundle), "--request", request, "--backend", "torch", "--json")
+        assert code == 0, err
+        rows = json.loads(out)["traced"]["tokens"]
+        assert len(rows) == {"a": 11, "b": 10}[request]
+        for row in rows:
+            for head in range(2):
+                code, text, err = cli(capsys, "lookup", "--from", str(bundle), "--request", request, "--token", str(row["token"]),
+                                      "--head", str(head), "--json")
+                assert code == 0, err
+                want = json.loads(text)
+                assert (row["physical_block"], row["offset"]) == (want["physical_block"], want["offset"])
+                assert row["key_element"][head] == want["key"]["element_offset"] and row["key_byte"][head] == want["key"]["byte_offset"]
+                assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
+
+
 @pytest.mark.parametrize("args, option", [
     (["--html", "x.svg"], "--html"),
     (["--html", "-", "--json"], "--html"),
@@ -242,10 +265,18 @@ def test_replay_page(browser, tmp_path, shots):
     assert embedded(page) == doc
     o = Opened(browser, page)
     rows = doc["traced"]["tokens"]
-    for row in (rows[0], rows[len(rows) // 2], rows[-1]):
-        o.page.click(f"tr[data-token='{row['token']}']")
-        slot = o.page.locator("svg rect.slot.on")
-        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+    heads = len(rows[0]["key_element"])
+    for head in range(heads):  # the head selector picks whose addresses show
+        o.page.select_option("#head-select", str(head))
+        for row in rows:  # every token: its slot, and its key and value element and byte in the bundle's layout
+            o.page.click(f"tr[data-token='{row['token']}']")
+            slot = o.page.locator("svg rect.slot.on")
+            assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+            key = o.page.locator("#d-key")
+            assert (int(key.get_attribute("data-element")), int(key.get_attribute("data-byte"))) == (row["key_element"][head], row["key_byte"][head])
+            value = o.page.locator("#d-value")
+            assert (int(value.get_attribute("data-element")), int(value.get_attribute("data-byte"))) == (row["value_element"][head], row["value_byte"][head])
+            assert f"byte {row['value_byte'][head]:,}" in value.inner_text()
     assert not_blank(o.page.screenshot(path=str(shots / "replay-1280x800.png"), full_page=True))
     o.close()
 

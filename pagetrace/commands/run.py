@@ -188,22 +188,10 @@ def slots_line(checks, kernel_ran: bool) -> str:
 
 
 def row_addresses(geom, rows) -> list[dict]:
-    """Where each row's key and value vectors start in the cache's layout, per KV head:
-    element and byte of dim 0 (what `lookup` prints as the vector's offset)."""
-    import numpy as np
+    """Where each row's key and value vectors start in the cache's layout, per KV head."""
+    from ..paging.layouts import start_addresses
 
-    blocks = np.array([row.physical_block for row in rows], dtype=np.int64)
-    offsets = np.array([row.offset for row in rows], dtype=np.int64)
-    size = geom.element_size
-    per_head = {which: [np.asarray(geom.element(which, blocks, offsets, h, 0), dtype=np.int64) + np.zeros_like(blocks)
-                        for h in range(geom.num_kv_heads)] for which in ("key", "value")}
-    out = []
-    for i in range(len(rows)):
-        keys = [int(e[i]) for e in per_head["key"]]
-        values = [int(e[i]) for e in per_head["value"]]
-        out.append({"key_element": keys, "key_byte": [e * size for e in keys],
-                    "value_element": values, "value_byte": [e * size for e in values]})
-    return out
+    return start_addresses(geom, [row.physical_block for row in rows], [row.offset for row in rows])
 
 
 def run_json(result: RunResult) -> dict:

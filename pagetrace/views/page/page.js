@@ -49,7 +49,9 @@
     const traced = doc.requests.findIndex((r) => r.request === doc.traced.request);
     return {
       blockSize: doc.block_size, numBlocks: doc.num_blocks, layout: doc.layout, dtype: doc.dtype, elementSize: doc.element_size,
-      heads: [{ label: "mean over the heads", pos: 0, kv: 0 }], unit: "Request",
+      // the weights are the mean over the query heads; the addresses are one KV head's, picked here
+      heads: (doc.traced.tokens.length && doc.traced.tokens[0].key_element ? doc.traced.tokens[0].key_element : [0]).map((_, kv) =>
+        ({ label: `mean over the heads · addresses of KV head ${kv}`, pos: 0, kv })), unit: "Request",
       sequences: doc.requests.map((r, i) => ({ name: `request ${r.request}`, seqLen: r.seq_len, table: r.block_table,
         rows: i === traced ? doc.traced.tokens : null, note: `${r.new_tokens} new token(s); ${r.passed ? "equal" : "DIFFERS"}` })),
       weight: (row) => row.weight, score: (row) => row.score,
@@ -201,8 +203,11 @@
       const dl = el("dl", {});
       for (const [k, v, id] of items) dl.append(el("dt", { text: k }), el("dd", { id, text: v }));
       if (row.key_byte) {
-        dl.querySelector("#d-key").dataset.element = row.key_element[kv];
-        dl.querySelector("#d-key").dataset.byte = row.key_byte[kv];
+        for (const which of ["key", "value"]) {
+          const dd = dl.querySelector(`#d-${which}`);
+          dd.dataset.element = row[`${which}_element`][kv];
+          dd.dataset.byte = row[`${which}_byte`][kv];
+        }
       }
       detail.replaceChildren(dl);
     }
