@@ -248,6 +248,48 @@ def test_shared_block_lists_every_owner_and_heads_switch(browser, capsys, tmp_pa
     o.close()
 
 
+PREFILL = ["--tokens", "38,20", "--query-len", "6,1", "--heads", "2", "--sliding-window", "34", "--backend", "torch"]
+
+
+def test_prefill_page_picks_the_query(browser, capsys, tmp_path, shots):
+    """Picking new token i of a prefill shows the weights and masked keys that `run --query i --json`
+    gives for that query (a separate run, through the rows the tables always showed)."""
+    page = tmp_path / "prefill.html"
+    code, out, err = cli(capsys, "run", *PREFILL, "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    choices = doc["sequences"][0]["queries"]
+    assert [c["index"] for c in choices] == list(range(6)) and "queries" not in doc["sequences"][1]  # a decode has one query
+    o = Opened(browser, page)
+    p = o.page
+    assert p.locator("#query-select").is_visible() and p.input_value("#query-select") == "5"
+    for i in range(6):
+        code, out, err = cli(capsys, "run", *PREFILL, "--query", str(i), "--json")
+        assert code == 0, err
+        rows = json.loads(out)["sequences"][0]["rows"]
+        assert [c for c in choices if c["index"] == i][0]["weights"][1] == [r["weights"][1] for r in rows]
+        if i == 0:
+            p.select_option("#query-select", "0")
+        else:  # the keyboard: a focused select moves to the next query with the arrow key
+            p.focus("#query-select")
+            p.keyboard.press("ArrowDown")
+        assert p.input_value("#query-select") == str(i)
+        for head in (0, 1):
+            p.select_option("#head-select", str(head))
+            got = p.evaluate("[...document.querySelectorAll('#tokens tbody tr')].map(tr => [+tr.dataset.token, +tr.dataset.weight, tr.dataset.mask])")
+            assert got == [[r["token"], r["weights"][head], r["mask"]] for r in rows], f"query {i}, head {head}"
+        masked = [r["token"] for r in rows if r["mask"] != "visible"]
+        assert masked and p.locator("#tokens tbody tr.masked").count() == len(masked)
+        if i == 2:
+            assert not_blank(p.screenshot(path=str(shots / "run-prefill-1280x800.png"), full_page=True))
+        t = masked[-1]
+        p.click(f"tr[data-token='{t}']")
+        assert "does not see it" in p.inner_text("#d-mask") and f"position {32 + i}" in p.inner_text("#d-weight")
+    p.select_option("#seq-select", "1")
+    assert not p.locator("#query-select").is_visible()
+    o.close()
+
+
 def test_replay_page(browser, tmp_path, shots):
     import subprocess
     import sys

@@ -225,6 +225,7 @@ def run_json(result: RunResult) -> dict:
                 ],
                 "heads": [vars(h) for h in r.heads],
                 "rows": [{**vars(row), **address} for row, address in zip(r.rows, row_addresses(geom, r.rows))],
+                **({"queries": r.choices} if r.choices else {}),
             }
             for r in result.reports
         ],

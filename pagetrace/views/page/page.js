@@ -36,6 +36,7 @@
       blockSize: c.block_size, numBlocks: c.num_blocks, layout: c.layout, dtype: c.dtype, elementSize: c.element_size,
       heads: doc.shown_heads.map((h, pos) => ({ label: `query head ${h} (KV head ${Math.floor(h / group)})`, pos, kv: Math.floor(h / group) })),
       sequences: doc.sequences.map((q) => ({ name: `sequence ${q.index}`, seqLen: q.seq_len, table: q.block_table, rows: q.rows,
+        query: q.query.index, queries: q.queries || null, newTokens: c.query_lens[q.index],
         note: `query: new token ${q.query.index} at position ${q.query.position}` })),
       weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos],
       start: doc.token ? { seq: doc.token.sequence, token: doc.token.token } : { seq: 0, token: null },
@@ -67,7 +68,7 @@
 
   function tokenPage(m) {
     document.getElementById("config").textContent = m.config;
-    const state = { seq: m.start.seq, head: 0, token: m.start.token, block: null };
+    const state = { seq: m.start.seq, head: 0, token: m.start.token, block: null, query: null };
     const owners = new Map(); // physical block -> [{seq, logical, first, last}]
     m.sequences.forEach((q, s) => q.table.forEach((p, l) => {
       if (!owners.has(p)) owners.set(p, []);
@@ -77,9 +78,12 @@
       ...m.sequences.map((q, i) => el("option", { value: i, text: `${q.name} (${q.seqLen} tokens)` })));
     const headSel = el("select", { id: "head-select", "aria-label": "head" }, ...m.heads.map((h, i) => el("option", { value: i, text: h.label })));
     const goto = el("input", { type: "number", id: "goto", min: 0, "aria-label": "go to token", style: "width:7em" });
+    // a prefill's (or mixed batch's) new tokens: which query the weights and the mask are shown for
+    const querySel = el("select", { id: "query-select", "aria-label": "query token" });
+    const queryLabel = el("label", { for: "query-select", text: "Query" });
     const controls = el("div", { class: "controls" },
       el("label", { for: "seq-select", text: m.unit || "Sequence" }), seqSel,
-      el("label", { for: "head-select", text: "Head" }), headSel,
+      el("label", { for: "head-select", text: "Head" }), headSel, queryLabel, querySel,
       el("label", { for: "goto", text: "Token" }), goto);
     const tablePanel = el("div", { class: "panel scroll", id: "token-panel" });
     const detail = el("div", { class: "panel", id: "detail", "aria-live": "polite" });
@@ -98,10 +102,35 @@
         el("section", { "aria-label": "tokens" }, el("h2", { text: "Tokens" }), tablePanel, maskBox),
         el("section", { "aria-label": "block mapping" }, el("h2", { text: "Block mapping" }), detail, picture, el("h2", { text: "Owners of a physical block" }), ownersBox)));
 
+    function fillQueries() {
+      const q = m.sequences[state.seq];
+      const list = q.queries || [];
+      state.query = list.length ? q.query : null;
+      querySel.replaceChildren(...list.map((e) => el("option", { value: e.index,
+        text: `new token ${e.index} of ${q.newTokens}, at position ${e.position}${e.index === q.query ? " (the rows' query)" : ""}` })));
+      querySel.value = state.query === null ? "" : state.query;
+      querySel.hidden = queryLabel.hidden = !list.length;
+    }
+    querySel.addEventListener("change", () => { state.query = +querySel.value; drawTable(state.token); select(state.token); });
+    fillQueries();
     seqSel.value = state.seq;
-    seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; drawTable(); select(null); });
+    seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; fillQueries(); drawTable(); select(null); drawMask(); });
     headSel.addEventListener("change", () => { state.head = +headSel.value; drawTable(); select(state.token); });
     goto.addEventListener("change", () => { const t = +goto.value; if (Number.isInteger(t)) { drawTable(t); select(t, true); } });
+
+    // the chosen query's entry (its own scores, weights and masked runs), or null: the rows' own values
+    function chosen() {
+      const q = m.sequences[state.seq];
+      return q.queries && state.query !== null ? q.queries.find((e) => e.index === state.query) || null : null;
+    }
+    const weightOf = (r, head) => { const e = chosen(); return e ? e.weights[head.pos][r.token] : m.weight(r, head); };
+    const scoreOf = (r, head) => { const e = chosen(); return e ? e.scores[head.pos][r.token] : m.score(r, head); };
+    function maskOf(r) {
+      const e = chosen();
+      if (!e) return r.mask;
+      for (const [a, b, kind] of e.masked) if (a <= r.token && r.token <= b) return kind;
+      return "visible";
+    }
 
     let rowByToken = new Map();
     function drawTable(around) {
@@ -117,14 +146,15 @@
         const from = Math.max(0, Math.min(rows.length - MAX_ROWS, centre - MAX_ROWS / 2));
         rows = rows.slice(from, from + MAX_ROWS);
       }
-      const peak = Math.max(...q.rows.map((r) => m.weight(r, head) || 0), 1e-30);
-      const hasMask = q.rows.some((r) => r.mask && r.mask !== "visible");
+      let peak = 1e-30;
+      for (const r of q.rows) peak = Math.max(peak, weightOf(r, head) || 0);
+      const hasMask = !!q.queries || q.rows.some((r) => r.mask && r.mask !== "visible");
       const body = el("tbody", {});
       for (const r of rows) {
-        const w = m.weight(r, head);
-        const tr = el("tr", { "data-token": r.token, tabindex: -1, class: r.mask && r.mask !== "visible" ? "masked" : null },
+        const w = weightOf(r, head), mask = maskOf(r);
+        const tr = el("tr", { "data-token": r.token, tabindex: -1, class: mask && mask !== "visible" ? "masked" : null, "data-weight": String(w), "data-mask": mask },
           el("td", { text: r.token }), el("td", { text: r.logical_block }), el("td", { text: r.offset }), el("td", { text: r.physical_block }),
-          el("td", { class: "opt", text: r.slot }), el("td", { class: "opt", text: fmt(m.score(r, head)) }), hasMask ? el("td", { text: r.mask }) : null,
+          el("td", { class: "opt", text: r.slot }), el("td", { class: "opt", text: fmt(scoreOf(r, head)) }), hasMask ? el("td", { text: mask }) : null,
           el("td", { text: fmt(w) }), el("td", { style: "text-align:left" }, el("span", { class: "bar", style: `width:${Math.round(60 * (w || 0) / peak)}px` })));
         tr.addEventListener("click", () => select(r.token, true));
         tr.addEventListener("mouseenter", () => preview(r.token));
@@ -133,11 +163,13 @@
         body.append(tr);
       }
       const head_ = el("thead", {}, el("tr", {}, ...["token", "logical", "offset", "physical", "pool slot", "score", ...(hasMask ? ["mask"] : []), "weight", ""].map((t) => el("th", { scope: "col", class: t === "pool slot" || t === "score" ? "opt" : null, text: t }))));
-      const caption = el("caption", { class: "visually-hidden", text: `${q.name}, ${head.label}: every token, where it lives and its attention weight` });
+      const e = chosen();
+      const caption = el("caption", { class: "visually-hidden", text: `${q.name}, ${head.label}${e ? `, query at position ${e.position}` : ""}: every token, where it lives and its attention weight` });
       const table = el("table", { id: "tokens" }, caption, head_, body);
       table.addEventListener("mouseleave", () => preview(null));
       const note = q.rows.length > rows.length ? el("p", { text: `rows ${rows[0].token} to ${rows[rows.length - 1].token} of ${q.rows.length} shown; type a token above to go to it` }) : null;
-      tablePanel.replaceChildren(...[el("p", { text: `${q.name}: ${q.seqLen} tokens; ${q.note}` }), table, note].filter(Boolean));
+      const says = e ? `query: new token ${e.index} at position ${e.position}; it sees ${q.seqLen - e.masked.reduce((n, [a, b]) => n + b - a + 1, 0)} of the keys` : q.note;
+      tablePanel.replaceChildren(...[el("p", { id: "table-note", text: `${q.name}: ${q.seqLen} tokens; ${says}` }), table, note].filter(Boolean));
       const first = rowByToken.get(state.token) || body.firstChild;
       if (first) first.tabIndex = 0;
     }
@@ -197,8 +229,10 @@
         items.push(["key address", `element ${int(row.key_element[kv])}, byte ${int(row.key_byte[kv])} (KV head ${kv}, layout ${m.layout}, ${m.dtype}, ${m.elementSize} B each)`, "d-key"]);
         items.push(["value address", `element ${int(row.value_element[kv])}, byte ${int(row.value_byte[kv])}`, "d-value"]);
       }
-      items.push(["attention weight", `${fmt(m.weight(row, head), 6)} (score ${fmt(m.score(row, head))}, ${head.label})`, "d-weight"]);
-      if (row.mask && row.mask !== "visible") items.push(["mask", row.mask + ": this query does not see it", "d-mask"]);
+      const e = chosen(), mask = maskOf(row);
+      const whose = e ? `, the query at position ${e.position}` : "";
+      items.push(["attention weight", `${fmt(weightOf(row, head), 6)} (score ${fmt(scoreOf(row, head))}, ${head.label}${whose})`, "d-weight"]);
+      if (mask && mask !== "visible") items.push(["mask", mask + ": this query does not see it", "d-mask"]);
       if (row.refcount !== undefined) items.push(["reference count", `${row.refcount}`, "d-ref"]);
       const dl = el("dl", {});
       for (const [k, v, id] of items) dl.append(el("dt", { text: k }), el("dd", { id, text: v }));
@@ -302,10 +336,16 @@
       picture.replaceChildren(svg);
     }
 
-    if (m.maskMap.length) {
-      maskBox.append(el("h2", { text: "Mask map: a row per query position, a cell per key block" }),
-        el("pre", { class: "panel", id: "mask-map", text: m.maskMap.map((r) => `p=${String(r.position).padEnd(6)} ${r.blocks}`).join("\n") + "\n█ every key visible  ░ some visible  · causal-masked  w window-masked" }));
+    function drawMask() {
+      if (!m.maskMap.length) return;
+      const q = m.sequences[state.seq], e = chosen();
+      const at = e ? e.position : null;
+      maskBox.replaceChildren(el("h2", { text: "Mask map: a row per query position, a cell per key block" + (state.seq === m.start.seq ? "" : ` (of ${m.sequences[m.start.seq].name})`) }),
+        el("pre", { class: "panel", id: "mask-map", text: m.maskMap.map((r) => `${r.position === at && state.seq === m.start.seq ? "▶" : " "} p=${String(r.position).padEnd(6)} ${r.blocks}`).join("\n") +
+          "\n█ every key visible  ░ some visible  · causal-masked  w window-masked" + (at !== null && state.seq === m.start.seq ? "  ▶ the query picked above" : "") }));
     }
+    querySel.addEventListener("change", drawMask);
+    drawMask();
     drawTable();
     select(state.token);
     if (state.token === null) drawPicture(null);
