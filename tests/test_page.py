@@ -391,6 +391,52 @@ def test_simulate_slider_shows_the_tables_of_at_n(browser, capsys, tmp_path, sho
     o.close()
 
 
+def test_large_run_page_is_summarised(browser, capsys, tmp_path, shots):
+    """A 6,000-token prefill's page stays under 1 MB: it keeps the first and last blocks, the traced
+    token, the heaviest rows and evenly spaced ones, each row and each kept query's weight the
+    --json document's own; the page says so, the keyboard walks the kept rows, and a token left out
+    still shows its block and slot."""
+    from pagetrace.views.page.run_data import HEAVIEST
+
+    page = tmp_path / "large.html"
+    code, out, err = cli(capsys, "run", "--tokens", "6000", "--query-len", "64", "--backend", "torch", "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    assert page.stat().st_size < 1_000_000
+    full, kept = doc["sequences"][0], data["sequences"][0]
+    by_token = {r["token"]: r for r in full["rows"]}
+    tokens = [r["token"] for r in kept["rows"]]
+    assert kept["rows_kept"] == {"kept": len(tokens), "of": 6000} and 1000 < len(tokens) < 6000
+    assert all(by_token[r["token"]] == r for r in kept["rows"]) and tokens == sorted(tokens)
+    heaviest = sorted(full["rows"], key=lambda r: -r["weights"][0])[:HEAVIEST]
+    assert {*range(16), *range(5984, 6000), 20, *(r["token"] for r in heaviest)} <= set(tokens)
+    for q in kept["queries"]:  # a kept query: its weights at the kept rows, in their order
+        want = next(w for w in full["queries"] if w["index"] == q["index"])
+        assert q["weights"][0] == [want["weights"][0][t] for t in tokens] and q["masked"] == want["masked"]
+    assert "6000" not in data["page_summary"] and "of 6,000 rows" in data["page_summary"]
+    assert {k: v for k, v in data.items() if k not in ("sequences", "page_summary")} == {k: v for k, v in doc.items() if k != "sequences"}
+    o = Opened(browser, page)
+    p = o.page
+    assert "summarised" in p.inner_text("#summary-note")
+    q = kept["queries"][0]
+    p.select_option("#query-select", str(q["index"]))
+    got = p.evaluate("[...document.querySelectorAll('#tokens tbody tr')].map(tr => [+tr.dataset.token, +tr.dataset.weight])")
+    assert got == [[t, w] for t, w in zip(tokens, q["weights"][0])]
+    gap = next(i for i in range(len(tokens) - 1) if tokens[i + 1] > tokens[i] + 1)
+    p.click(f"tr[data-token='{tokens[gap]}']")
+    p.keyboard.press("ArrowDown")  # to the next kept row, over the ones left out
+    assert p.locator("tr.on").get_attribute("data-token") == str(tokens[gap + 1])
+    missing = tokens[gap] + 1
+    p.mouse.move(0, 0)  # off the table: a hovered row previews its own token in the picture
+    p.fill("#goto", str(missing))
+    p.press("#goto", "Enter")
+    assert "not on this page" in p.inner_text("#d-none")
+    slot = p.locator("svg rect.slot.on")
+    assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (full["block_table"][missing // 16], missing % 16)
+    assert not_blank(p.screenshot(path=str(shots / "run-large-1280x800.png")))
+    o.close()
+
+
 def test_large_simulate_page_is_summarised(capsys, tmp_path):
     from pagetrace.views.page.sim_data import MAX_STEPS
 

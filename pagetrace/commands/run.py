@@ -99,7 +99,10 @@ def run(
     document = run_json(result) if json_output or html is not None else None
     if html is not None and diagram_failure is None:
         try:
-            save_page(html, "run", document, f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
+            from ..views.page import fixed_bytes
+            from ..views.page.run_data import run_page_doc
+
+            save_page(html, "run", run_page_doc(document, fixed_bytes()), f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
         except RuntimeFailure as exc:
             diagram_failure = exc
     if json_output:

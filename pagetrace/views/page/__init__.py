@@ -57,6 +57,11 @@ def page_bytes(kind: str, doc: dict, title: str) -> bytes:
     return (head + _script_json(doc) + head2 + script + tail2).encode("utf-8")
 
 
+def fixed_bytes() -> int:
+    """What a page costs besides its data: the template, the style and the script."""
+    return sum(len(_asset(name).encode("utf-8")) for name in ("page.html", "page.css", "page.js"))
+
+
 def write_page(path: str, kind: str, doc: dict, title: str) -> str:
     from ...files import write_output
 

@@ -36,11 +36,11 @@
       blockSize: c.block_size, numBlocks: c.num_blocks, layout: c.layout, dtype: c.dtype, elementSize: c.element_size,
       heads: doc.shown_heads.map((h, pos) => ({ label: `query head ${h} (KV head ${Math.floor(h / group)})`, pos, kv: Math.floor(h / group) })),
       sequences: doc.sequences.map((q) => ({ name: `sequence ${q.index}`, seqLen: q.seq_len, table: q.block_table, rows: q.rows,
-        query: q.query.index, queries: q.queries || null, newTokens: c.query_lens[q.index],
+        query: q.query.index, queries: q.queries || null, newTokens: c.query_lens[q.index], kept: q.rows_kept || null,
         note: `query: new token ${q.query.index} at position ${q.query.position}` })),
       weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos],
       start: doc.token ? { seq: doc.token.sequence, token: doc.token.token } : { seq: 0, token: null },
-      maskMap: doc.mask_map || [],
+      maskMap: doc.mask_map || [], summary: doc.page_summary || null,
       config: `${doc.sequences.length} sequence(s), tokens ${c.tokens.join(",")} · block size ${c.block_size} · head_dim ${c.head_dim} · ` +
         `${c.heads} head(s) / ${c.kv_heads} KV head(s) · ${c.dtype} · layout ${c.layout} · pool ${c.num_blocks} blocks · backend ${c.backend} · ` +
         `check: ${doc.checks.passed ? "paged = contiguous" : "NOT equal"} (max |diff| ${Number(doc.checks.max_abs_diff).toExponential(2)})`,
@@ -91,6 +91,7 @@
     const picture = el("div", { class: "panel", id: "picture" });
     const maskBox = el("div", { id: "mask" });
     app.replaceChildren(
+      m.summary ? el("p", { id: "summary-note", class: "summary-note", text: m.summary }) : "",
       el("p", { text: "Click a token (or focus the table and use the arrow keys) to trace it: its logical block, the block-table entry, the physical block and the slot light up, and its address and weight show. Click a physical block (or Tab to it, then Enter) to list its owners." }),
       controls,
       legend([["var(--trace)", "orange, thick black outline: the traced token, its blocks and its path"],
@@ -123,8 +124,10 @@
       const q = m.sequences[state.seq];
       return q.queries && state.query !== null ? q.queries.find((e) => e.index === state.query) || null : null;
     }
-    const weightOf = (r, head) => { const e = chosen(); return e ? e.weights[head.pos][r.token] : m.weight(r, head); };
-    const scoreOf = (r, head) => { const e = chosen(); return e ? e.scores[head.pos][r.token] : m.score(r, head); };
+    // a query's scores and weights follow the rows' order (every token, or the kept rows of a summarised page)
+    const rowIndex = m.sequences.map((q) => new Map((q.rows || []).map((r, i) => [r.token, i])));
+    const weightOf = (r, head) => { const e = chosen(); return e ? e.weights[head.pos][rowIndex[state.seq].get(r.token)] : m.weight(r, head); };
+    const scoreOf = (r, head) => { const e = chosen(); return e ? e.scores[head.pos][rowIndex[state.seq].get(r.token)] : m.score(r, head); };
     function maskOf(r) {
       const e = chosen();
       if (!e) return r.mask;
@@ -142,7 +145,8 @@
       }
       let rows = q.rows;
       if (rows.length > MAX_ROWS) {
-        const centre = around === undefined || around === null ? (state.token || 0) : around;
+        const t0 = around === undefined || around === null ? (state.token || 0) : around;
+        const centre = rowIndex[state.seq].has(t0) ? rowIndex[state.seq].get(t0) : Math.min(t0, rows.length - 1);
         const from = Math.max(0, Math.min(rows.length - MAX_ROWS, centre - MAX_ROWS / 2));
         rows = rows.slice(from, from + MAX_ROWS);
       }
@@ -168,8 +172,9 @@
       const table = el("table", { id: "tokens" }, caption, head_, body);
       table.addEventListener("mouseleave", () => preview(null));
       const note = q.rows.length > rows.length ? el("p", { text: `rows ${rows[0].token} to ${rows[rows.length - 1].token} of ${q.rows.length} shown; type a token above to go to it` }) : null;
+      const kept = q.kept ? el("p", { class: "summary-note", text: `${q.kept.kept.toLocaleString("en-US")} of ${q.kept.of.toLocaleString("en-US")} rows are on this page (summarised: see the note above); a row left out still shows its blocks and slot when you type its token` }) : null;
       const says = e ? `query: new token ${e.index} at position ${e.position}; it sees ${q.seqLen - e.masked.reduce((n, [a, b]) => n + b - a + 1, 0)} of the keys` : q.note;
-      tablePanel.replaceChildren(...[el("p", { id: "table-note", text: `${q.name}: ${q.seqLen} tokens; ${says}` }), table, note].filter(Boolean));
+      tablePanel.replaceChildren(...[el("p", { id: "table-note", text: `${q.name}: ${q.seqLen} tokens; ${says}` }), kept, table, note].filter(Boolean));
       const first = rowByToken.get(state.token) || body.firstChild;
       if (first) first.tabIndex = 0;
     }
@@ -177,10 +182,11 @@
       const q = m.sequences[state.seq];
       const t = +ev.currentTarget.dataset.token;
       const step = { ArrowDown: 1, ArrowUp: -1, PageDown: 16, PageUp: -16 }[ev.key];
+      const at = rowIndex[state.seq].get(t), last = q.rows.length - 1; // moves go row by row (a summarised page keeps some rows)
       let next = null;
-      if (step) next = Math.max(0, Math.min(q.seqLen - 1, t + step));
-      else if (ev.key === "Home") next = 0;
-      else if (ev.key === "End") next = q.seqLen - 1;
+      if (step) next = q.rows[Math.max(0, Math.min(last, at + step))].token;
+      else if (ev.key === "Home") next = q.rows[0].token;
+      else if (ev.key === "End") next = q.rows[last].token;
       else if (ev.key === "Enter" || ev.key === " ") next = t;
       if (next === null) return;
       ev.preventDefault();
@@ -214,7 +220,12 @@
 
     function drawDetail(t) {
       const q = m.sequences[state.seq], head = m.heads[state.head], row = rowOf(t);
-      if (!row) { detail.replaceChildren(el("p", { text: "No token traced: pick one in the table." })); return; }
+      if (!row) {
+        const left = t !== null && t !== undefined && q.kept && t >= 0 && t < q.seqLen;
+        detail.replaceChildren(el("p", { id: "d-none", text: left ? `Token ${t} is not on this page (summarised): its blocks and slot are drawn below; \`pagetrace run --json\` has its row, \`pagetrace lookup --token ${t}\` its address.`
+          : "No token traced: pick one in the table." }));
+        return;
+      }
       const kv = head.kv;
       const items = [
         ["token", `${row.token} of ${q.name}`, "d-token"],
