@@ -323,6 +323,58 @@ def test_replay_page(browser, tmp_path, shots):
     o.close()
 
 
+LOOKUPS = {  # a tiled layout (vLLM's CPU AMX pages: runs of 2 bf16 elements, 32 apart) and a split one (vLLM's x-packed key)
+    "vllm-cpu-amx": ["--layout", "vllm-cpu-amx", "--dtype", "bf16", "--block-size", "32", "--head-dim", "32", "--kv-heads", "2", "--head", "1",
+                     "--token", "52", "--table", "7,2,15"],
+    "vllm": ["--layout", "vllm", "--dtype", "fp16", "--head-dim", "64", "--token", "20", "--table", "7,2,15"],
+}
+
+
+@pytest.mark.parametrize("name", LOOKUPS)
+def test_lookup_page_shows_the_json_address(browser, capsys, tmp_path, shots, name):
+    page = tmp_path / "lookup.html"
+    code, out, err = cli(capsys, "lookup", *LOOKUPS[name], "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert embedded(page) == doc
+    for width, height in ((1280, 800), (390, 844)):
+        o = Opened(browser, page, width, height)
+        p = o.page
+        slot = p.locator("svg rect.slot.on")
+        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (doc["physical_block"], doc["offset"])
+        assert int(p.locator("svg rect.pool.on").get_attribute("data-block")) == doc["physical_block"]
+        assert int(p.locator("svg rect.lblock.on").get_attribute("data-logical")) == doc["logical_block"]
+        assert f"= {doc['slot']}" in p.inner_text("#d-slot")
+        for which in ("key", "value"):
+            a = doc[which]
+            dd = p.locator(f"#d-{which}")
+            assert (int(dd.get_attribute("data-element")), int(dd.get_attribute("data-byte"))) == (a["element_offset"], a["byte_offset"])
+            assert f"element {a['element_offset']:,} = byte {a['byte_offset']:,}" in dd.inner_text()
+            box = p.inner_text(f"#{which}-address")
+            assert f"element {a['element_offset']:,}, byte {a['byte_offset']:,}" in box and f"= {a['element_offset']:,};" in box
+            runs = p.locator(f"#{which}-runs tbody tr")
+            assert runs.count() == min(64, len(a["chunks"])) and len(a["chunks"]) > 1  # neither vector is one run here
+            for i in (0, runs.count() - 1):
+                cells = runs.nth(i).locator("td").all_inner_texts()
+                c = a["chunks"][i]
+                assert cells[2:] == [f"{c['element_offset']:,}", f"{c['byte_offset']:,}"]
+            assert p.locator(f"#{which}-address rect.run").count() == len(a["chunks"])
+        assert not_blank(p.screenshot(path=str(shots / f"lookup-{name}-{width}x{height}.png"), full_page=True))
+        assert p.evaluate("document.documentElement.scrollWidth") <= width
+        o.close()
+
+
+def test_lookup_from_a_bundle_writes_the_page(capsys, tmp_path):
+    from test_engines import write_bundle
+
+    bundle = write_bundle(tmp_path / "b", "vllm-cpu")
+    page = tmp_path / "lookup.html"
+    code, out, err = cli(capsys, "lookup", "--from", str(bundle), "--request", "a", "--token", "9", "--html", str(page), "--json")
+    assert code == 0, err
+    assert embedded(page) == json.loads(out)
+    assert_usage_error(cli(capsys, "lookup", "--html", str(tmp_path / "x.svg")), "--html")
+
+
 SIMULATIONS = {
     "default": [],
     # a small pool: preemptions, prefix-cache hits of a shared system prompt, evictions

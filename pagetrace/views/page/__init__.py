@@ -1,4 +1,4 @@
-"""`--html FILE`: one self-contained page (script, style and data inline) for run, replay and simulate.
+"""`--html FILE`: one self-contained page (script, style and data inline) for run, replay, simulate and lookup.
 
 The page's data is the command's own `--json` document (the same builder), so every number the
 page shows is one `--json` prints; the page's script (page.js) only lays it out and draws it.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-KINDS = ("run", "replay", "simulate")
+KINDS = ("run", "replay", "simulate", "lookup")
 
 
 def _asset(name: str) -> str:
