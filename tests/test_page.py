@@ -65,13 +65,17 @@ def test_run_json_addresses_match_lookup(capsys):
                 assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
 
 
-@pytest.mark.parametrize("layout", ["vllm-cpu", "flashinfer-hnd", "nhd"])
-def test_replay_json_addresses_match_lookup_from(capsys, tmp_path, layout):
+@pytest.mark.parametrize("layout", ["vllm-cpu", "vllm-cpu-amx", "flashinfer-hnd", "nhd"])
+def test_replay_json_addresses_match_lookup_from(capsys, tmp_path, monkeypatch, layout):
     """Every traced token's key/value element and byte, per KV head, are `lookup --from`'s: the
-    bundle's own layout and real block ids (a split key, a combined HND buffer, two tensors)."""
-    from test_engines import write_bundle
+    bundle's own layout and real block ids (a column-major key, a tiled page, a combined HND
+    buffer, two tensors)."""
+    import test_engines
 
-    bundle = write_bundle(tmp_path / "b", layout)
+    if layout == "vllm-cpu-amx":  # its tiles group 16 slots and 16 dims: the helper's bundle at 32 slots of 32 dims
+        monkeypatch.setattr(test_engines, "BS", 32)
+        monkeypatch.setattr(test_engines, "D", 32)
+    bundle = test_engines.write_bundle(tmp_path / "b", layout)
     for request in ("a", "b"):
         code, out, err = cli(capsys, "replay", str(bundle), "--request", request, "--backend", "torch", "--json")
         assert code == 0, err
