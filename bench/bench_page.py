@@ -1,7 +1,7 @@
 """What `--html` costs: each command timed with and without it, in alternating pairs, and the
 size of the page it writes.
 
-    python bench/bench_page.py                 # run (worked example), simulate (default): 5 pairs each
+    python bench/bench_page.py                 # run (worked example, 5,000 tokens), simulate (default): 5 pairs each
     python bench/bench_page.py --large         # and simulate of 100,000 requests over a 1M-block pool, one pair
 
 Each timing is the whole command in a fresh process (`python -m pagetrace ...`), so the ratio
@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
     "run (worked example)": ["run"],
+    "run, 5,000 tokens (torch backend; the page summarised)": ["run", "--tokens", "5000", "--backend", "torch"],
     "simulate (default, 200 requests)": ["simulate"],
 }
 LARGE = {"simulate, 100,000 requests, 1M-block pool": ["simulate", "--requests", "100000", "--num-blocks", "1000000", "--arrival-rate", "0"]}
@@ -31,7 +32,9 @@ LARGE = {"simulate, 100,000 requests, 1M-block pool": ["simulate", "--requests",
 def timed(args: list[str]) -> float:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "pagetrace", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "pagetrace", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"pagetrace {' '.join(args)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return time.perf_counter() - start
 
 

@@ -62,6 +62,7 @@ class SequenceReport:
     query: int = 0  # which of the sequence's new tokens that is
     query_position: int = 0  # its position in the sequence
     block_masked: list[tuple[int, int]] = field(default_factory=list)  # per logical block, keys that query does not see: (causal, window)
+    choices: list[dict] | None = None  # a prefill's queries a page can switch between (`query_choices`); None: one new token
 
 
 @dataclass
@@ -159,7 +160,51 @@ def build_report(
         masked = _masked_per_block(mask[r, :n], [(span.first_token, span.last_token) for span in spans])
         reports.append(SequenceReport(s, n, table[: len(spans)], spans, heads, rows, mass, head_rows, token, r, q, n - len(rows_of_seq) + q,
                                       block_masked=masked))
+    if all_rows:
+        budget = max(1, QUERY_VALUES // max(1, sum(len(trace.rows_of(s)) > 1 for s in range(len(plan.seq_lens)))))
+        for rep in reports:
+            rep.choices = query_choices(trace, rep, shown_heads, budget)
     return reports
+
+
+MAX_QUERIES = 32  # a prefill's queries with their own weights, per sequence (`query_choices`)
+QUERY_VALUES = 24_576  # scores and weights in all the sequences' choices together
+
+
+def query_choices(trace, rep: SequenceReport, shown_heads: list[int], budget: int = QUERY_VALUES) -> list[dict] | None:
+    """A prefill's (or mixed batch's) new tokens of one sequence, each with its own scores and
+    weights per shown head over keys 0..n-1 and its masked keys as runs [first, last, causal|window]
+    (the kernel's trace, not re-derived): at most MAX_QUERIES of them and `budget` numbers, evenly
+    spaced, the first, the last and the one the rows show always among them. None for one new token."""
+    rows = trace.rows_of(rep.index)
+    if len(rows) <= 1:
+        return None
+    n, heads = rep.seq_len, len(shown_heads)
+    room = max(1, min(MAX_QUERIES, budget // (2 * heads * n)))
+    if room >= len(rows):
+        picks = list(range(len(rows)))
+    else:  # room - 1 evenly spaced (the first and the last among them), and the shown one
+        picks = sorted({rep.query, *(round(i * (len(rows) - 1) / max(1, room - 2)) for i in range(room - 1))})
+    first_position = n - len(rows)
+    out = []
+    for k in picks:
+        r = rows[k]
+        states = trace.mask[r, :n].cpu()
+        runs, start = [], None
+        values = states.tolist()
+        for t, v in enumerate(values + [0]):
+            if start is not None and (t == n or v != values[start]):
+                runs.append([start, t - 1, MASK_NAMES[values[start]]])
+                start = None
+            if t < n and v not in (0, -1) and start is None:
+                start = t
+        out.append({
+            "index": k, "position": first_position + k, "row": r,
+            "scores": trace.logits[r][shown_heads][:, :n].cpu().tolist(),
+            "weights": trace.weights[r][shown_heads][:, :n].cpu().tolist(),
+            "masked": runs,
+        })
+    return out
 
 
 def _masked_per_block(states: torch.Tensor, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -8,7 +8,7 @@ from ..errors import UsageError
 from ..paging.blocks import capacity, parse_int_list
 from ..paging.lookup import TokenTrace, trace_token
 from ..views.diagram import MappingView, SequenceMap
-from .diagram import DotOption, PngOption, SvgOption, report_console, save_diagrams
+from .diagram import DotOption, HtmlOption, PngOption, SvgOption, report_console, save_diagrams, save_page
 from .options import dtype_choice, layout_choice
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
@@ -58,8 +58,11 @@ def lookup(
     from_bundle: Annotated[str | None, typer.Option("--from", help="Capture bundle: address the token in that engine's real cache (with --request).")] = None,
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
     step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
+    html: HtmlOption = None,
 ) -> None:
     from ..views.diagram import check_output_paths
+    from ..views.diagram.outputs import requested_outputs
+    from ..views.page import check_page_path
     from .output import emit_json
 
     if from_bundle is not None:
@@ -70,19 +73,23 @@ def lookup(
         for option, value in (("--svg", svg), ("--png", png), ("--dot", dot)):
             if value is not None:  # the bundle has its own tables: draw them with `pagetrace replay --svg`
                 raise UsageError(option, value, "is not drawn with --from; `pagetrace replay BUNDLE --svg FILE` draws a bundle's tables")
+        check_page_path(html, None, json_output)
         document = bundle_lookup(from_bundle, request, token, step, head)
+        if html is not None:
+            save_page(html, "lookup", document, f"pagetrace lookup: request {document['request']} token {token}, {document['layout']}", quiet=json_output)
         if json_output:
             emit_json(document)
         else:
-            from .output import stdout_console
+            from .output import stderr_console, stdout_console
 
-            stdout_console().print(render_bundle_lookup(document), markup=False, soft_wrap=True)
+            (stderr_console() if html == "-" else stdout_console()).print(render_bundle_lookup(document), markup=False, soft_wrap=True)
         return
 
     for option, value in (("--request", request), ("--step", step)):
         if value is not None:
             raise UsageError(option, value, "addresses a captured request; give --from BUNDLE too")
     check_output_paths(svg, png, dot, json=json_output)
+    check_page_path(html, requested_outputs(svg, png, dot), json_output)
     trace = trace_token(
         token,
         parse_int_list(table, "--table"),
@@ -102,16 +109,19 @@ def lookup(
             raise UsageError("--token", token, f"a sequence of {seq_len} tokens has tokens 0..{seq_len - 1}")
     view = mapping_view(trace, seq_len)
     saved = save_diagrams(view, svg, png, dot, quiet=json_output)
-    if json_output:
+    if json_output or html is not None:
         document = trace.to_json()
         document["seq_len"] = seq_len  # null: not given; the map then draws the table's capacity
+        if html is not None:
+            save_page(html, "lookup", document, f"pagetrace lookup: token {token}, table {table}, layout {trace.geometry.layout.name}", quiet=json_output)
+    if json_output:
         if saved is not None:
             document["diagrams"] = saved["written"]
         emit_json(document)
         return
     from ..views.text import render_lookup
 
-    console = report_console(svg, png, dot)
+    console = report_console(svg, png, dot, html)
     console.print(render_lookup(trace))
     if saved is None:
         from ..views.diagram import terminal_mapping

@@ -99,7 +99,10 @@ def run(
     document = run_json(result) if json_output or html is not None else None
     if html is not None and diagram_failure is None:
         try:
-            save_page(html, "run", document, f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
+            from ..views.page import fixed_bytes
+            from ..views.page.run_data import run_page_doc
+
+            save_page(html, "run", run_page_doc(document, fixed_bytes()), f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
         except RuntimeFailure as exc:
             diagram_failure = exc
     if json_output:
@@ -188,22 +191,10 @@ def slots_line(checks, kernel_ran: bool) -> str:
 
 
 def row_addresses(geom, rows) -> list[dict]:
-    """Where each row's key and value vectors start in the cache's layout, per KV head:
-    element and byte of dim 0 (what `lookup` prints as the vector's offset)."""
-    import numpy as np
+    """Where each row's key and value vectors start in the cache's layout, per KV head."""
+    from ..paging.layouts import start_addresses
 
-    blocks = np.array([row.physical_block for row in rows], dtype=np.int64)
-    offsets = np.array([row.offset for row in rows], dtype=np.int64)
-    size = geom.element_size
-    per_head = {which: [np.asarray(geom.element(which, blocks, offsets, h, 0), dtype=np.int64) + np.zeros_like(blocks)
-                        for h in range(geom.num_kv_heads)] for which in ("key", "value")}
-    out = []
-    for i in range(len(rows)):
-        keys = [int(e[i]) for e in per_head["key"]]
-        values = [int(e[i]) for e in per_head["value"]]
-        out.append({"key_element": keys, "key_byte": [e * size for e in keys],
-                    "value_element": values, "value_byte": [e * size for e in values]})
-    return out
+    return start_addresses(geom, [row.physical_block for row in rows], [row.offset for row in rows])
 
 
 def run_json(result: RunResult) -> dict:
@@ -237,6 +228,7 @@ def run_json(result: RunResult) -> dict:
                 ],
                 "heads": [vars(h) for h in r.heads],
                 "rows": [{**vars(row), **address} for row, address in zip(r.rows, row_addresses(geom, r.rows))],
+                **({"queries": r.choices} if r.choices else {}),
             }
             for r in result.reports
         ],

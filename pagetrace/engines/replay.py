@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RuntimeFailure
+from ..paging.layouts import start_addresses
 from .bundle import Manifest, Step
 from .views import pool_views
 
@@ -241,5 +242,8 @@ def summarize(manifest: Manifest, step: Step, result: Replay, request: int, toke
             "token": t, "logical_block": t // bs, "offset": t % bs, "physical_block": physical, "slot": physical * bs + t % bs,
             "refcount": refcount[physical], "score": float(logits[t]), "weight": float(weights[t]),
         })
+    # each token's key/value address in the engine's cache (its layout, its real block ids), as `lookup --from` gives it
+    for row, address in zip(rows, start_addresses(manifest.geometry(), [r["physical_block"] for r in rows], [r["offset"] for r in rows])):
+        row.update(address)
     mass = [float(weights[b * bs : (b + 1) * bs].sum()) for b in range(len(table))]
     return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount, cache_read(manifest))

@@ -449,6 +449,26 @@ def vector_address(geom: CacheGeometry, which: str, block: int, slot: int, head:
     )
 
 
+def start_addresses(geom: CacheGeometry, blocks, slots) -> list[dict]:
+    """Where each (block, slot)'s key and value vectors start, per KV head: the element and byte
+    of dim 0 (what `lookup` prints as the vector's offset), for many slots at once (NumPy).
+    One dict per slot: key_element, key_byte, value_element, value_byte, each a list over KV heads.
+    `run --json` and `replay --json` rows take these (and so do their pages)."""
+    import numpy as np
+
+    blocks = np.asarray(blocks, dtype=np.int64)
+    slots = np.asarray(slots, dtype=np.int64)
+    size = geom.element_size
+    columns = {}
+    for which in ("key", "value"):
+        # [slots, heads]; `+ zeros` makes a layout whose element ignores the block (or slot) an array too
+        elements = np.stack([np.asarray(geom.element(which, blocks, slots, h, 0), dtype=np.int64) + np.zeros_like(blocks)
+                             for h in range(geom.num_kv_heads)], axis=1) if len(blocks) else np.zeros((0, geom.num_kv_heads), np.int64)
+        columns[f"{which}_element"] = elements.tolist()
+        columns[f"{which}_byte"] = (elements * size).tolist()
+    return [{name: col[i] for name, col in columns.items()} for i in range(len(blocks))]
+
+
 def kernel_strides(layout: Layout, which: str, tensor_strides: tuple[int, ...]) -> dict[str, int]:
     """Map a real tensor's strides onto the axes the kernel addresses.
 

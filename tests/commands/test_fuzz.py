@@ -16,7 +16,7 @@ tokens = st.one_of(st.lists(st.integers(1, 40), min_size=1, max_size=3).map(lamb
 layout = st.sampled_from(["blocks", "nhd", "HND", "vllm", "flash", "flash-hnd", "flashinfer", "flashinfer-hnd", "vllm-cpu", "VLLM-CPU-AMX",
                           "vllm-hnd", "vllm-nhd", "flash-attn", "paged", ""])
 GEOMETRY = {"--block-size": number, "--head-dim": number, "--kv-heads": number, "--num-blocks": number, "--dtype": dtype, "--layout": layout}
-LOOKUP = {"--token": number, "--table": table, "--head": number, "--json": None, "--svg": path, "--dot": path, **GEOMETRY}
+LOOKUP = {"--token": number, "--table": table, "--head": number, "--json": None, "--svg": path, "--dot": path, "--html": html_path, **GEOMETRY}
 WHERE = {"--slot": number, "--byte": number, "--cache": st.sampled_from(["key", "VALUE", "both"]), "--table": table, "--json": None, **GEOMETRY}
 tiny = st.one_of(st.integers(1, 9).map(str), st.sampled_from(["0", "-1", "٣", "65537", ""]))
 RUN = {

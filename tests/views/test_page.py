@@ -65,6 +65,33 @@ def test_run_json_addresses_match_lookup(capsys):
                 assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
 
 
+@pytest.mark.parametrize("layout", ["vllm-cpu", "vllm-cpu-amx", "flashinfer-hnd", "nhd"])
+def test_replay_json_addresses_match_lookup_from(capsys, tmp_path, monkeypatch, layout):
+    """Every traced token's key/value element and byte, per KV head, are `lookup --from`'s: the
+    bundle's own layout and real block ids (a column-major key, a tiled page, a combined HND
+    buffer, two tensors)."""
+    import bundles
+
+    if layout == "vllm-cpu-amx":  # its tiles group 16 slots and 16 dims: the helper's bundle at 32 slots of 32 dims
+        monkeypatch.setattr(bundles, "BS", 32)
+        monkeypatch.setattr(bundles, "D", 32)
+    bundle = bundles.write_bundle(tmp_path / "b", layout)
+    for request in ("a", "b"):
+        code, out, err = cli(capsys, "replay", str(bundle), "--request", request, "--backend", "torch", "--json")
+        assert code == 0, err
+        rows = json.loads(out)["traced"]["tokens"]
+        assert len(rows) == {"a": 11, "b": 10}[request]
+        for row in rows:
+            for head in range(2):
+                code, text, err = cli(capsys, "lookup", "--from", str(bundle), "--request", request, "--token", str(row["token"]),
+                                      "--head", str(head), "--json")
+                assert code == 0, err
+                want = json.loads(text)
+                assert (row["physical_block"], row["offset"]) == (want["physical_block"], want["offset"])
+                assert row["key_element"][head] == want["key"]["element_offset"] and row["key_byte"][head] == want["key"]["byte_offset"]
+                assert row["value_element"][head] == want["value"]["element_offset"] and row["value_byte"][head] == want["value"]["byte_offset"]
+
+
 @pytest.mark.parametrize("args, option", [
     (["--html", "x.svg"], "--html"),
     (["--html", "-", "--json"], "--html"),
@@ -225,6 +252,48 @@ def test_shared_block_lists_every_owner_and_heads_switch(browser, capsys, tmp_pa
     o.close()
 
 
+PREFILL = ["--tokens", "38,20", "--query-len", "6,1", "--heads", "2", "--sliding-window", "34", "--backend", "torch"]
+
+
+def test_prefill_page_picks_the_query(browser, capsys, tmp_path, shots):
+    """Picking new token i of a prefill shows the weights and masked keys that `run --query i --json`
+    gives for that query (a separate run, through the rows the tables always showed)."""
+    page = tmp_path / "prefill.html"
+    code, out, err = cli(capsys, "run", *PREFILL, "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    choices = doc["sequences"][0]["queries"]
+    assert [c["index"] for c in choices] == list(range(6)) and "queries" not in doc["sequences"][1]  # a decode has one query
+    o = Opened(browser, page)
+    p = o.page
+    assert p.locator("#query-select").is_visible() and p.input_value("#query-select") == "5"
+    for i in range(6):
+        code, out, err = cli(capsys, "run", *PREFILL, "--query", str(i), "--json")
+        assert code == 0, err
+        rows = json.loads(out)["sequences"][0]["rows"]
+        assert [c for c in choices if c["index"] == i][0]["weights"][1] == [r["weights"][1] for r in rows]
+        if i == 0:
+            p.select_option("#query-select", "0")
+        else:  # the keyboard: a focused select moves to the next query with the arrow key
+            p.focus("#query-select")
+            p.keyboard.press("ArrowDown")
+        assert p.input_value("#query-select") == str(i)
+        for head in (0, 1):
+            p.select_option("#head-select", str(head))
+            got = p.evaluate("[...document.querySelectorAll('#tokens tbody tr')].map(tr => [+tr.dataset.token, +tr.dataset.weight, tr.dataset.mask])")
+            assert got == [[r["token"], r["weights"][head], r["mask"]] for r in rows], f"query {i}, head {head}"
+        masked = [r["token"] for r in rows if r["mask"] != "visible"]
+        assert masked and p.locator("#tokens tbody tr.masked").count() == len(masked)
+        if i == 2:
+            assert not_blank(p.screenshot(path=str(shots / "run-prefill-1280x800.png"), full_page=True))
+        t = masked[-1]
+        p.click(f"tr[data-token='{t}']")
+        assert "does not see it" in p.inner_text("#d-mask") and f"position {32 + i}" in p.inner_text("#d-weight")
+    p.select_option("#seq-select", "1")
+    assert not p.locator("#query-select").is_visible()
+    o.close()
+
+
 def test_replay_page(browser, tmp_path, shots):
     import subprocess
     import sys
@@ -242,12 +311,72 @@ def test_replay_page(browser, tmp_path, shots):
     assert embedded(page) == doc
     o = Opened(browser, page)
     rows = doc["traced"]["tokens"]
-    for row in (rows[0], rows[len(rows) // 2], rows[-1]):
-        o.page.click(f"tr[data-token='{row['token']}']")
-        slot = o.page.locator("svg rect.slot.on")
-        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+    heads = len(rows[0]["key_element"])
+    for head in range(heads):  # the head selector picks whose addresses show
+        o.page.select_option("#head-select", str(head))
+        for row in rows:  # every token: its slot, and its key and value element and byte in the bundle's layout
+            o.page.click(f"tr[data-token='{row['token']}']")
+            slot = o.page.locator("svg rect.slot.on")
+            assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (row["physical_block"], row["offset"])
+            key = o.page.locator("#d-key")
+            assert (int(key.get_attribute("data-element")), int(key.get_attribute("data-byte"))) == (row["key_element"][head], row["key_byte"][head])
+            value = o.page.locator("#d-value")
+            assert (int(value.get_attribute("data-element")), int(value.get_attribute("data-byte"))) == (row["value_element"][head], row["value_byte"][head])
+            assert f"byte {row['value_byte'][head]:,}" in value.inner_text()
     assert not_blank(o.page.screenshot(path=str(shots / "replay-1280x800.png"), full_page=True))
     o.close()
+
+
+LOOKUPS = {  # a tiled layout (vLLM's CPU AMX pages: runs of 2 bf16 elements, 32 apart) and a split one (vLLM's x-packed key)
+    "vllm-cpu-amx": ["--layout", "vllm-cpu-amx", "--dtype", "bf16", "--block-size", "32", "--head-dim", "32", "--kv-heads", "2", "--head", "1",
+                     "--token", "52", "--table", "7,2,15"],
+    "vllm": ["--layout", "vllm", "--dtype", "fp16", "--head-dim", "64", "--token", "20", "--table", "7,2,15"],
+}
+
+
+@pytest.mark.parametrize("name", LOOKUPS)
+def test_lookup_page_shows_the_json_address(browser, capsys, tmp_path, shots, name):
+    page = tmp_path / "lookup.html"
+    code, out, err = cli(capsys, "lookup", *LOOKUPS[name], "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert embedded(page) == doc
+    for width, height in ((1280, 800), (390, 844)):
+        o = Opened(browser, page, width, height)
+        p = o.page
+        slot = p.locator("svg rect.slot.on")
+        assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (doc["physical_block"], doc["offset"])
+        assert int(p.locator("svg rect.pool.on").get_attribute("data-block")) == doc["physical_block"]
+        assert int(p.locator("svg rect.lblock.on").get_attribute("data-logical")) == doc["logical_block"]
+        assert f"= {doc['slot']}" in p.inner_text("#d-slot")
+        for which in ("key", "value"):
+            a = doc[which]
+            dd = p.locator(f"#d-{which}")
+            assert (int(dd.get_attribute("data-element")), int(dd.get_attribute("data-byte"))) == (a["element_offset"], a["byte_offset"])
+            assert f"element {a['element_offset']:,} = byte {a['byte_offset']:,}" in dd.inner_text()
+            box = p.inner_text(f"#{which}-address")
+            assert f"element {a['element_offset']:,}, byte {a['byte_offset']:,}" in box and f"= {a['element_offset']:,};" in box
+            runs = p.locator(f"#{which}-runs tbody tr")
+            assert runs.count() == min(64, len(a["chunks"])) and len(a["chunks"]) > 1  # neither vector is one run here
+            for i in (0, runs.count() - 1):
+                cells = runs.nth(i).locator("td").all_inner_texts()
+                c = a["chunks"][i]
+                assert cells[2:] == [f"{c['element_offset']:,}", f"{c['byte_offset']:,}"]
+            assert p.locator(f"#{which}-address rect.run").count() == len(a["chunks"])
+        assert not_blank(p.screenshot(path=str(shots / f"lookup-{name}-{width}x{height}.png"), full_page=True))
+        assert p.evaluate("document.documentElement.scrollWidth") <= width
+        o.close()
+
+
+def test_lookup_from_a_bundle_writes_the_page(capsys, tmp_path):
+    from bundles import write_bundle
+
+    bundle = write_bundle(tmp_path / "b", "vllm-cpu")
+    page = tmp_path / "lookup.html"
+    code, out, err = cli(capsys, "lookup", "--from", str(bundle), "--request", "a", "--token", "9", "--html", str(page), "--json")
+    assert code == 0, err
+    assert embedded(page) == json.loads(out)
+    assert_usage_error(cli(capsys, "lookup", "--html", str(tmp_path / "x.svg")), "--html")
 
 
 SIMULATIONS = {
@@ -315,6 +444,52 @@ def test_simulate_slider_shows_the_tables_of_at_n(browser, capsys, tmp_path, sho
     p.click("#play")
     assert int(p.input_value("#step")) > 3
     assert not_blank(p.screenshot(path=str(shots / f"simulate-{name}-1280x800.png"), full_page=True))
+    o.close()
+
+
+def test_large_run_page_is_summarised(browser, capsys, tmp_path, shots):
+    """A 6,000-token prefill's page stays under 1 MB: it keeps the first and last blocks, the traced
+    token, the heaviest rows and evenly spaced ones, each row and each kept query's weight the
+    --json document's own; the page says so, the keyboard walks the kept rows, and a token left out
+    still shows its block and slot."""
+    from pagetrace.views.page.run_data import HEAVIEST
+
+    page = tmp_path / "large.html"
+    code, out, err = cli(capsys, "run", "--tokens", "6000", "--query-len", "64", "--backend", "torch", "--html", str(page), "--json")
+    assert code == 0, err
+    doc, data = json.loads(out), embedded(page)
+    assert page.stat().st_size < 1_000_000
+    full, kept = doc["sequences"][0], data["sequences"][0]
+    by_token = {r["token"]: r for r in full["rows"]}
+    tokens = [r["token"] for r in kept["rows"]]
+    assert kept["rows_kept"] == {"kept": len(tokens), "of": 6000} and 1000 < len(tokens) < 6000
+    assert all(by_token[r["token"]] == r for r in kept["rows"]) and tokens == sorted(tokens)
+    heaviest = sorted(full["rows"], key=lambda r: -r["weights"][0])[:HEAVIEST]
+    assert {*range(16), *range(5984, 6000), 20, *(r["token"] for r in heaviest)} <= set(tokens)
+    for q in kept["queries"]:  # a kept query: its weights at the kept rows, in their order
+        want = next(w for w in full["queries"] if w["index"] == q["index"])
+        assert q["weights"][0] == [want["weights"][0][t] for t in tokens] and q["masked"] == want["masked"]
+    assert "6000" not in data["page_summary"] and "of 6,000 rows" in data["page_summary"]
+    assert {k: v for k, v in data.items() if k not in ("sequences", "page_summary")} == {k: v for k, v in doc.items() if k != "sequences"}
+    o = Opened(browser, page)
+    p = o.page
+    assert "summarised" in p.inner_text("#summary-note")
+    q = kept["queries"][0]
+    p.select_option("#query-select", str(q["index"]))
+    got = p.evaluate("[...document.querySelectorAll('#tokens tbody tr')].map(tr => [+tr.dataset.token, +tr.dataset.weight])")
+    assert got == [[t, w] for t, w in zip(tokens, q["weights"][0])]
+    gap = next(i for i in range(len(tokens) - 1) if tokens[i + 1] > tokens[i] + 1)
+    p.click(f"tr[data-token='{tokens[gap]}']")
+    p.keyboard.press("ArrowDown")  # to the next kept row, over the ones left out
+    assert p.locator("tr.on").get_attribute("data-token") == str(tokens[gap + 1])
+    missing = tokens[gap] + 1
+    p.mouse.move(0, 0)  # off the table: a hovered row previews its own token in the picture
+    p.fill("#goto", str(missing))
+    p.press("#goto", "Enter")
+    assert "not on this page" in p.inner_text("#d-none")
+    slot = p.locator("svg rect.slot.on")
+    assert (int(slot.get_attribute("data-block")), int(slot.get_attribute("data-slot"))) == (full["block_table"][missing // 16], missing % 16)
+    assert not_blank(p.screenshot(path=str(shots / "run-large-1280x800.png")))
     o.close()
 
 

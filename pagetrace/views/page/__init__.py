@@ -1,4 +1,4 @@
-"""`--html FILE`: one self-contained page (script, style and data inline) for run, replay and simulate.
+"""`--html FILE`: one self-contained page (script, style and data inline) for run, replay, simulate and lookup.
 
 The page's data is the command's own `--json` document (the same builder), so every number the
 page shows is one `--json` prints; the page's script (page.js) only lays it out and draws it.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-KINDS = ("run", "replay", "simulate")
+KINDS = ("run", "replay", "simulate", "lookup")
 
 
 def _asset(name: str) -> str:
@@ -55,6 +55,11 @@ def page_bytes(kind: str, doc: dict, title: str) -> bytes:
     head, _, tail = page.partition("{{data}}")
     head2, _, tail2 = tail.partition("{{script}}")
     return (head + _script_json(doc) + head2 + script + tail2).encode("utf-8")
+
+
+def fixed_bytes() -> int:
+    """What a page costs besides its data: the template, the style and the script."""
+    return sum(len(_asset(name).encode("utf-8")) for name in ("page.html", "page.css", "page.js"))
 
 
 def write_page(path: str, kind: str, doc: dict, title: str) -> str:

@@ -36,10 +36,11 @@
       blockSize: c.block_size, numBlocks: c.num_blocks, layout: c.layout, dtype: c.dtype, elementSize: c.element_size,
       heads: doc.shown_heads.map((h, pos) => ({ label: `query head ${h} (KV head ${Math.floor(h / group)})`, pos, kv: Math.floor(h / group) })),
       sequences: doc.sequences.map((q) => ({ name: `sequence ${q.index}`, seqLen: q.seq_len, table: q.block_table, rows: q.rows,
+        query: q.query.index, queries: q.queries || null, newTokens: c.query_lens[q.index], kept: q.rows_kept || null,
         note: `query: new token ${q.query.index} at position ${q.query.position}` })),
       weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos],
       start: doc.token ? { seq: doc.token.sequence, token: doc.token.token } : { seq: 0, token: null },
-      maskMap: doc.mask_map || [],
+      maskMap: doc.mask_map || [], summary: doc.page_summary || null,
       config: `${doc.sequences.length} sequence(s), tokens ${c.tokens.join(",")} · block size ${c.block_size} · head_dim ${c.head_dim} · ` +
         `${c.heads} head(s) / ${c.kv_heads} KV head(s) · ${c.dtype} · layout ${c.layout} · pool ${c.num_blocks} blocks · backend ${c.backend} · ` +
         `check: ${doc.checks.passed ? "paged = contiguous" : "NOT equal"} (max |diff| ${Number(doc.checks.max_abs_diff).toExponential(2)})`,
@@ -49,7 +50,9 @@
     const traced = doc.requests.findIndex((r) => r.request === doc.traced.request);
     return {
       blockSize: doc.block_size, numBlocks: doc.num_blocks, layout: doc.layout, dtype: doc.dtype, elementSize: doc.element_size,
-      heads: [{ label: "mean over the heads", pos: 0, kv: 0 }], unit: "Request",
+      // the weights are the mean over the query heads; the addresses are one KV head's, picked here
+      heads: (doc.traced.tokens.length && doc.traced.tokens[0].key_element ? doc.traced.tokens[0].key_element : [0]).map((_, kv) =>
+        ({ label: `mean over the heads · addresses of KV head ${kv}`, pos: 0, kv })), unit: "Request",
       sequences: doc.requests.map((r, i) => ({ name: `request ${r.request}`, seqLen: r.seq_len, table: r.block_table,
         rows: i === traced ? doc.traced.tokens : null, note: `${r.new_tokens} new token(s); ${r.passed ? "equal" : "DIFFERS"}` })),
       weight: (row) => row.weight, score: (row) => row.score,
@@ -65,7 +68,7 @@
 
   function tokenPage(m) {
     document.getElementById("config").textContent = m.config;
-    const state = { seq: m.start.seq, head: 0, token: m.start.token, block: null };
+    const state = { seq: m.start.seq, head: 0, token: m.start.token, block: null, query: null };
     const owners = new Map(); // physical block -> [{seq, logical, first, last}]
     m.sequences.forEach((q, s) => q.table.forEach((p, l) => {
       if (!owners.has(p)) owners.set(p, []);
@@ -75,9 +78,12 @@
       ...m.sequences.map((q, i) => el("option", { value: i, text: `${q.name} (${q.seqLen} tokens)` })));
     const headSel = el("select", { id: "head-select", "aria-label": "head" }, ...m.heads.map((h, i) => el("option", { value: i, text: h.label })));
     const goto = el("input", { type: "number", id: "goto", min: 0, "aria-label": "go to token", style: "width:7em" });
+    // a prefill's (or mixed batch's) new tokens: which query the weights and the mask are shown for
+    const querySel = el("select", { id: "query-select", "aria-label": "query token" });
+    const queryLabel = el("label", { for: "query-select", text: "Query" });
     const controls = el("div", { class: "controls" },
       el("label", { for: "seq-select", text: m.unit || "Sequence" }), seqSel,
-      el("label", { for: "head-select", text: "Head" }), headSel,
+      el("label", { for: "head-select", text: "Head" }), headSel, queryLabel, querySel,
       el("label", { for: "goto", text: "Token" }), goto);
     const tablePanel = el("div", { class: "panel scroll", id: "token-panel" });
     const detail = el("div", { class: "panel", id: "detail", "aria-live": "polite" });
@@ -85,6 +91,7 @@
     const picture = el("div", { class: "panel", id: "picture" });
     const maskBox = el("div", { id: "mask" });
     app.replaceChildren(
+      m.summary ? el("p", { id: "summary-note", class: "summary-note", text: m.summary }) : "",
       el("p", { text: "Click a token (or focus the table and use the arrow keys) to trace it: its logical block, the block-table entry, the physical block and the slot light up, and its address and weight show. Click a physical block (or Tab to it, then Enter) to list its owners." }),
       controls,
       legend([["var(--trace)", "orange, thick black outline: the traced token, its blocks and its path"],
@@ -96,10 +103,37 @@
         el("section", { "aria-label": "tokens" }, el("h2", { text: "Tokens" }), tablePanel, maskBox),
         el("section", { "aria-label": "block mapping" }, el("h2", { text: "Block mapping" }), detail, picture, el("h2", { text: "Owners of a physical block" }), ownersBox)));
 
+    function fillQueries() {
+      const q = m.sequences[state.seq];
+      const list = q.queries || [];
+      state.query = list.length ? q.query : null;
+      querySel.replaceChildren(...list.map((e) => el("option", { value: e.index,
+        text: `new token ${e.index} of ${q.newTokens}, at position ${e.position}${e.index === q.query ? " (the rows' query)" : ""}` })));
+      querySel.value = state.query === null ? "" : state.query;
+      querySel.hidden = queryLabel.hidden = !list.length;
+    }
+    querySel.addEventListener("change", () => { state.query = +querySel.value; drawTable(state.token); select(state.token); });
+    fillQueries();
     seqSel.value = state.seq;
-    seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; drawTable(); select(null); });
+    seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; fillQueries(); drawTable(); select(null); drawMask(); });
     headSel.addEventListener("change", () => { state.head = +headSel.value; drawTable(); select(state.token); });
     goto.addEventListener("change", () => { const t = +goto.value; if (Number.isInteger(t)) { drawTable(t); select(t, true); } });
+
+    // the chosen query's entry (its own scores, weights and masked runs), or null: the rows' own values
+    function chosen() {
+      const q = m.sequences[state.seq];
+      return q.queries && state.query !== null ? q.queries.find((e) => e.index === state.query) || null : null;
+    }
+    // a query's scores and weights follow the rows' order (every token, or the kept rows of a summarised page)
+    const rowIndex = m.sequences.map((q) => new Map((q.rows || []).map((r, i) => [r.token, i])));
+    const weightOf = (r, head) => { const e = chosen(); return e ? e.weights[head.pos][rowIndex[state.seq].get(r.token)] : m.weight(r, head); };
+    const scoreOf = (r, head) => { const e = chosen(); return e ? e.scores[head.pos][rowIndex[state.seq].get(r.token)] : m.score(r, head); };
+    function maskOf(r) {
+      const e = chosen();
+      if (!e) return r.mask;
+      for (const [a, b, kind] of e.masked) if (a <= r.token && r.token <= b) return kind;
+      return "visible";
+    }
 
     let rowByToken = new Map();
     function drawTable(around) {
@@ -111,18 +145,20 @@
       }
       let rows = q.rows;
       if (rows.length > MAX_ROWS) {
-        const centre = around === undefined || around === null ? (state.token || 0) : around;
+        const t0 = around === undefined || around === null ? (state.token || 0) : around;
+        const centre = rowIndex[state.seq].has(t0) ? rowIndex[state.seq].get(t0) : Math.min(t0, rows.length - 1);
         const from = Math.max(0, Math.min(rows.length - MAX_ROWS, centre - MAX_ROWS / 2));
         rows = rows.slice(from, from + MAX_ROWS);
       }
-      const peak = Math.max(...q.rows.map((r) => m.weight(r, head) || 0), 1e-30);
-      const hasMask = q.rows.some((r) => r.mask && r.mask !== "visible");
+      let peak = 1e-30;
+      for (const r of q.rows) peak = Math.max(peak, weightOf(r, head) || 0);
+      const hasMask = !!q.queries || q.rows.some((r) => r.mask && r.mask !== "visible");
       const body = el("tbody", {});
       for (const r of rows) {
-        const w = m.weight(r, head);
-        const tr = el("tr", { "data-token": r.token, tabindex: -1, class: r.mask && r.mask !== "visible" ? "masked" : null },
+        const w = weightOf(r, head), mask = maskOf(r);
+        const tr = el("tr", { "data-token": r.token, tabindex: -1, class: mask && mask !== "visible" ? "masked" : null, "data-weight": String(w), "data-mask": mask },
           el("td", { text: r.token }), el("td", { text: r.logical_block }), el("td", { text: r.offset }), el("td", { text: r.physical_block }),
-          el("td", { class: "opt", text: r.slot }), el("td", { class: "opt", text: fmt(m.score(r, head)) }), hasMask ? el("td", { text: r.mask }) : null,
+          el("td", { class: "opt", text: r.slot }), el("td", { class: "opt", text: fmt(scoreOf(r, head)) }), hasMask ? el("td", { text: mask }) : null,
           el("td", { text: fmt(w) }), el("td", { style: "text-align:left" }, el("span", { class: "bar", style: `width:${Math.round(60 * (w || 0) / peak)}px` })));
         tr.addEventListener("click", () => select(r.token, true));
         tr.addEventListener("mouseenter", () => preview(r.token));
@@ -131,11 +167,14 @@
         body.append(tr);
       }
       const head_ = el("thead", {}, el("tr", {}, ...["token", "logical", "offset", "physical", "pool slot", "score", ...(hasMask ? ["mask"] : []), "weight", ""].map((t) => el("th", { scope: "col", class: t === "pool slot" || t === "score" ? "opt" : null, text: t }))));
-      const caption = el("caption", { class: "visually-hidden", text: `${q.name}, ${head.label}: every token, where it lives and its attention weight` });
+      const e = chosen();
+      const caption = el("caption", { class: "visually-hidden", text: `${q.name}, ${head.label}${e ? `, query at position ${e.position}` : ""}: every token, where it lives and its attention weight` });
       const table = el("table", { id: "tokens" }, caption, head_, body);
       table.addEventListener("mouseleave", () => preview(null));
       const note = q.rows.length > rows.length ? el("p", { text: `rows ${rows[0].token} to ${rows[rows.length - 1].token} of ${q.rows.length} shown; type a token above to go to it` }) : null;
-      tablePanel.replaceChildren(...[el("p", { text: `${q.name}: ${q.seqLen} tokens; ${q.note}` }), table, note].filter(Boolean));
+      const kept = q.kept ? el("p", { class: "summary-note", text: `${q.kept.kept.toLocaleString("en-US")} of ${q.kept.of.toLocaleString("en-US")} rows are on this page (summarised: see the note above); a row left out still shows its blocks and slot when you type its token` }) : null;
+      const says = e ? `query: new token ${e.index} at position ${e.position}; it sees ${q.seqLen - e.masked.reduce((n, [a, b]) => n + b - a + 1, 0)} of the keys` : q.note;
+      tablePanel.replaceChildren(...[el("p", { id: "table-note", text: `${q.name}: ${q.seqLen} tokens; ${says}` }), kept, table, note].filter(Boolean));
       const first = rowByToken.get(state.token) || body.firstChild;
       if (first) first.tabIndex = 0;
     }
@@ -143,10 +182,11 @@
       const q = m.sequences[state.seq];
       const t = +ev.currentTarget.dataset.token;
       const step = { ArrowDown: 1, ArrowUp: -1, PageDown: 16, PageUp: -16 }[ev.key];
+      const at = rowIndex[state.seq].get(t), last = q.rows.length - 1; // moves go row by row (a summarised page keeps some rows)
       let next = null;
-      if (step) next = Math.max(0, Math.min(q.seqLen - 1, t + step));
-      else if (ev.key === "Home") next = 0;
-      else if (ev.key === "End") next = q.seqLen - 1;
+      if (step) next = q.rows[Math.max(0, Math.min(last, at + step))].token;
+      else if (ev.key === "Home") next = q.rows[0].token;
+      else if (ev.key === "End") next = q.rows[last].token;
       else if (ev.key === "Enter" || ev.key === " ") next = t;
       if (next === null) return;
       ev.preventDefault();
@@ -180,7 +220,12 @@
 
     function drawDetail(t) {
       const q = m.sequences[state.seq], head = m.heads[state.head], row = rowOf(t);
-      if (!row) { detail.replaceChildren(el("p", { text: "No token traced: pick one in the table." })); return; }
+      if (!row) {
+        const left = t !== null && t !== undefined && q.kept && t >= 0 && t < q.seqLen;
+        detail.replaceChildren(el("p", { id: "d-none", text: left ? `Token ${t} is not on this page (summarised): its blocks and slot are drawn below; \`pagetrace run --json\` has its row, \`pagetrace lookup --token ${t}\` its address.`
+          : "No token traced: pick one in the table." }));
+        return;
+      }
       const kv = head.kv;
       const items = [
         ["token", `${row.token} of ${q.name}`, "d-token"],
@@ -195,14 +240,19 @@
         items.push(["key address", `element ${int(row.key_element[kv])}, byte ${int(row.key_byte[kv])} (KV head ${kv}, layout ${m.layout}, ${m.dtype}, ${m.elementSize} B each)`, "d-key"]);
         items.push(["value address", `element ${int(row.value_element[kv])}, byte ${int(row.value_byte[kv])}`, "d-value"]);
       }
-      items.push(["attention weight", `${fmt(m.weight(row, head), 6)} (score ${fmt(m.score(row, head))}, ${head.label})`, "d-weight"]);
-      if (row.mask && row.mask !== "visible") items.push(["mask", row.mask + ": this query does not see it", "d-mask"]);
+      const e = chosen(), mask = maskOf(row);
+      const whose = e ? `, the query at position ${e.position}` : "";
+      items.push(["attention weight", `${fmt(weightOf(row, head), 6)} (score ${fmt(scoreOf(row, head))}, ${head.label}${whose})`, "d-weight"]);
+      if (mask && mask !== "visible") items.push(["mask", mask + ": this query does not see it", "d-mask"]);
       if (row.refcount !== undefined) items.push(["reference count", `${row.refcount}`, "d-ref"]);
       const dl = el("dl", {});
       for (const [k, v, id] of items) dl.append(el("dt", { text: k }), el("dd", { id, text: v }));
       if (row.key_byte) {
-        dl.querySelector("#d-key").dataset.element = row.key_element[kv];
-        dl.querySelector("#d-key").dataset.byte = row.key_byte[kv];
+        for (const which of ["key", "value"]) {
+          const dd = dl.querySelector(`#d-${which}`);
+          dd.dataset.element = row[`${which}_element`][kv];
+          dd.dataset.byte = row[`${which}_byte`][kv];
+        }
       }
       detail.replaceChildren(dl);
     }
@@ -297,10 +347,16 @@
       picture.replaceChildren(svg);
     }
 
-    if (m.maskMap.length) {
-      maskBox.append(el("h2", { text: "Mask map: a row per query position, a cell per key block" }),
-        el("pre", { class: "panel", id: "mask-map", text: m.maskMap.map((r) => `p=${String(r.position).padEnd(6)} ${r.blocks}`).join("\n") + "\n█ every key visible  ░ some visible  · causal-masked  w window-masked" }));
+    function drawMask() {
+      if (!m.maskMap.length) return;
+      const q = m.sequences[state.seq], e = chosen();
+      const at = e ? e.position : null;
+      maskBox.replaceChildren(el("h2", { text: "Mask map: a row per query position, a cell per key block" + (state.seq === m.start.seq ? "" : ` (of ${m.sequences[m.start.seq].name})`) }),
+        el("pre", { class: "panel", id: "mask-map", text: m.maskMap.map((r) => `${r.position === at && state.seq === m.start.seq ? "▶" : " "} p=${String(r.position).padEnd(6)} ${r.blocks}`).join("\n") +
+          "\n█ every key visible  ░ some visible  · causal-masked  w window-masked" + (at !== null && state.seq === m.start.seq ? "  ▶ the query picked above" : "") }));
     }
+    querySel.addEventListener("change", drawMask);
+    drawMask();
     drawTable();
     select(state.token);
     if (state.token === null) drawPicture(null);
@@ -400,9 +456,130 @@
     show(0);
   }
 
+  // ---------- lookup: one token's four steps, down to the element and byte ----------
+  function lookupPage(doc) {
+    const bs = doc.block_size, lb = doc.logical_block, off = doc.offset, phys = doc.physical_block, table = doc.block_table;
+    const size = doc.element_size ?? doc.key.element_size;
+    const numBlocks = doc.num_blocks ?? Math.max(...table) + 1;
+    document.getElementById("config").textContent = (doc.engine ? `${doc.engine.name || "engine"} bundle ${doc.bundle}, step ${doc.step}, request ${doc.request} · ` : "") +
+      `token ${doc.token} · block size ${bs} · layout ${doc.layout} · ${doc.dtype} (${size} B per element)` +
+      (doc.head_dim ? ` · head_dim ${doc.head_dim}` : "") + (doc.kv_heads ? ` · ${doc.kv_heads} KV head(s)` : "") + ` · KV head ${doc.head}`;
+    const steps = el("dl", { id: "steps" });
+    const add = (k, v, id, extra) => { steps.append(el("dt", { text: k }), el("dd", Object.assign({ id, text: v }, extra || {}))); };
+    add("1 · logical block, offset", `${doc.token} // ${bs} = ${lb},   ${doc.token} % ${bs} = ${off}`, "d-logical");
+    add("2 · block table", `block_table[${lb}] = ${phys}   (table ${table.length <= 32 ? "[" + table.join(", ") + "]" : `of ${table.length} entries`})`, "d-physical");
+    add("3 · slot", `${phys} × ${bs} + ${off} = ${doc.slot}   (slot ${off} of physical block ${phys})`, "d-slot");
+    for (const which of ["key", "value"]) {
+      const a = doc[which];
+      add(`4 · ${which}`, `element ${int(a.element_offset)} = byte ${int(a.byte_offset)}` + (a.buffer ? ` of the ${a.buffer} buffer` : "") +
+        (a.contiguous ? `: ${a.chunks[0].elements} elements in one run` : `: ${a.chunks.length} runs` + (a.chunk_stride_elements ? ` ${int(a.chunk_stride_elements)} elements apart` : "")),
+        `d-${which}`, { "data-element": a.element_offset, "data-byte": a.byte_offset });
+    }
+    const picture = el("div", { class: "panel", id: "picture" });
+    app.replaceChildren(
+      el("p", { text: "One token through the paged cache: the block table gives its physical block, the block and offset give its slot, and the cache's layout gives the element and byte where its key and value vectors start (and the runs they lie in)." }),
+      legend([["var(--trace)", "orange, thick black outline: this token's logical block, table entry, physical block and slot"],
+              ["var(--seq)", "sky blue: a block of this sequence's table"], ["var(--free)", "light grey: a block the table does not use"],
+              ["var(--used)", "blue: the elements of the vector (its runs)"]]),
+      el("div", { class: "grid" },
+        el("section", { "aria-label": "the four steps" }, el("h2", { text: "The four steps" }), el("div", { class: "panel", id: "detail" }, steps),
+          el("h2", { text: "Block table, pool, slot" }), picture),
+        el("section", { "aria-label": "the key's and the value's address" }, ...["key", "value"].map((w) => addressBox(w, doc[w], size)))));
+
+    // the picture: logical blocks over the table, the pool, the block slot by slot
+    const cw = 38, ch = 22, gap = 2, perRow = picture.clientWidth && picture.clientWidth < 520 ? 8 : 16, W = perRow * (cw + gap);
+    const svg = sv("svg", { role: "img", "aria-label": `token ${doc.token}: logical block ${lb}, physical block ${phys}, slot ${off}` });
+    let y = 14;
+    const from = table.length <= 64 ? 0 : Math.max(0, Math.min(table.length - 64, lb - 32)), to = Math.min(table.length, from + 64);
+    svg.append(sv("text", { x: 0, y, class: "title" }, `logical blocks and the block table${from > 0 || to < table.length ? `, blocks ${from} to ${to - 1} of ${table.length}` : ""}`));
+    y += 6;
+    let a = null;
+    for (let l = from; l < to; l++) {
+      const i = l - from, x = (i % perRow) * (cw + gap), yy = y + Math.floor(i / perRow) * (2 * ch + 10), on = l === lb;
+      svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell lblock" + (on ? " on" : ""), fill: "#fff", "data-logical": l }));
+      svg.append(sv("text", { x: x + 4, y: yy + 15 }, `L${l}`));
+      svg.append(sv("rect", { x, y: yy + ch, width: cw, height: ch, class: "cell tentry" + (on ? " on" : ""), fill: "var(--seq)", "data-logical": l }));
+      svg.append(sv("text", { x: x + 4, y: yy + ch + 15 }, `${table[l]}`));
+      if (on) a = [x + cw / 2, yy + 2 * ch];
+    }
+    y += Math.ceil((to - from) / perRow) * (2 * ch + 10) + 22;
+    const N = Math.min(numBlocks, MAX_POOL), small = N > 256;
+    const pcols = small ? 4 * perRow : perRow, pc = small ? Math.floor(W / pcols) - gap : cw, ph = small ? pc : ch;
+    // a pool too large to draw whole: the window of blocks around the physical block
+    const pfrom = numBlocks <= MAX_POOL ? 0 : Math.max(0, Math.min(numBlocks - N, phys - N / 2));
+    svg.append(sv("text", { x: 0, y, class: "title" }, `the pool: ${int(numBlocks)} physical blocks${N < numBlocks ? ` (blocks ${int(pfrom)} to ${int(pfrom + N - 1)} drawn)` : ""}`));
+    y += 6;
+    const mine = new Set(table);
+    let b = null;
+    for (let i = 0; i < N; i++) {
+      const p = pfrom + i, x = (i % pcols) * (pc + gap), yy = y + Math.floor(i / pcols) * (ph + gap);
+      const r = sv("rect", { x, y: yy, width: pc, height: ph, class: "cell pool" + (p === phys ? " on" : ""), fill: mine.has(p) ? "var(--seq)" : "var(--free)", "data-block": p });
+      r.append(sv("title", {}, `physical block ${p}${mine.has(p) ? ": in the table" : ""}`));
+      svg.append(r);
+      if (!small) svg.append(sv("text", { x: x + 4, y: yy + 15, "pointer-events": "none" }, `${p}`));
+      if (p === phys) b = [x + pc / 2, yy];
+    }
+    y += Math.ceil(N / pcols) * (ph + gap) + 24;
+    svg.append(sv("text", { x: 0, y, class: "title" }, `physical block ${phys}, slot by slot`));
+    y += 6;
+    const slotTop = y;
+    for (let s = 0; s < bs; s++) {
+      const x = (s % perRow) * (cw + gap), yy = slotTop + Math.floor(s / perRow) * (ch + gap);
+      svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell slot" + (s === off ? " on" : ""), fill: "var(--seq)", "data-block": phys, "data-slot": s }));
+      svg.append(sv("text", { x: x + 3, y: yy + 15 }, `${lb * bs + s}`));
+    }
+    const sx = (off % perRow) * (cw + gap) + cw / 2, sy = slotTop + Math.floor(off / perRow) * (ch + gap);
+    if (a && b) svg.insertBefore(sv("path", { d: `M${a[0]},${a[1]} L${b[0]},${b[1]} M${b[0]},${b[1] + ph} L${sx},${sy}`, class: "path", "data-path": "token" }), svg.firstChild);
+    y = slotTop + Math.ceil(bs / perRow) * (ch + gap) + 8;
+    svg.setAttribute("viewBox", `-2 0 ${W + 4} ${y}`);
+    picture.replaceChildren(svg);
+  }
+
+  const MAX_RUNS = 64; // runs listed (and drawn) per vector
+  function addressBox(which, a, size) {
+    // element = sum over the layout's factors of index × stride (the factors in the layout's shown order)
+    const terms = a.axes.map((axis, i) => [axis, a.shape[i], a.strides[i], a.index[i]]);
+    const sum = terms.reduce((n, t) => n + t[2] * t[3], 0);
+    const rows = terms.map(([axis, n, stride, i]) => el("tr", {}, el("td", { style: "text-align:left", text: axis }), el("td", { text: int(n) }), el("td", { text: int(stride) }),
+      el("td", { text: int(i) }), el("td", { text: int(i * stride) })));
+    const factors = el("table", { class: "factors", id: `${which}-factors` },
+      el("caption", { class: "visually-hidden", text: `${which}: the layout's factors` }),
+      el("thead", {}, el("tr", {}, ...["factor", "size", "stride", "index", "index × stride"].map((t) => el("th", { scope: "col", text: t })))),
+      el("tbody", {}, ...rows));
+    const equal = sum === a.element_offset;
+    // the vector's span in the buffer, its runs marked: a tiled or split layout scatters one vector
+    const first = a.chunks[0].element_offset, lastRun = a.chunks[a.chunks.length - 1];
+    const last = Math.max(...a.chunks.map((c) => c.element_offset + c.elements - 1));
+    const span = last - first + 1, W = 640;
+    const strip = sv("svg", { viewBox: `0 0 ${W} 34`, role: "img", "aria-label": `${which}: ${a.chunks.length} run(s) over elements ${first} to ${last}` });
+    strip.append(sv("rect", { x: 0, y: 4, width: W, height: 18, fill: "var(--free)", stroke: "#333", "stroke-width": 0.5 }));
+    for (const c of a.chunks.slice(0, 1024)) {
+      const x = (W * (c.element_offset - first)) / span;
+      strip.append(sv("rect", { x, y: 4, width: Math.max(1.5, (W * c.elements) / span), height: 18, fill: "var(--used)", class: "run", "data-element": c.element_offset }));
+    }
+    strip.append(sv("text", { x: 0, y: 33 }, `element ${int(first)}`));
+    strip.append(sv("text", { x: W, y: 33, "text-anchor": "end" }, `element ${int(last)}`));
+    const runs = a.chunks.slice(0, MAX_RUNS).map((c) => el("tr", {}, el("td", { text: `${c.first_dim}..${c.first_dim + c.elements - 1}` }), el("td", { text: int(c.elements) }),
+      el("td", { text: int(c.element_offset) }), el("td", { text: int(c.byte_offset) })));
+    return el("div", { class: "panel address", id: `${which}-address` },
+      el("h2", { text: `${which === "key" ? "Key" : "Value"}: element ${int(a.element_offset)}, byte ${int(a.byte_offset)}` }),
+      el("p", { text: (a.formula ? `${a.formula}. ` : "") + `element = the sum of index × stride over the layout's factors` + (equal ? ` = ${int(sum)}` : "") +
+        `; byte = element × ${size} = ${int(a.byte_offset)}. This block's part begins at element ${int(a.block_base_element)} (byte ${int(a.block_base_byte)}).` }),
+      factors,
+      el("p", { text: a.contiguous ? "The vector is one run of contiguous elements:" : `The vector lies in ${a.chunks.length} runs` +
+        (a.chunk_stride_elements ? `, ${int(a.chunk_stride_elements)} elements apart` : "") + ` (blue, over its span of ${int(span)} elements):` }),
+      strip,
+      el("div", { class: "scroll runs", tabindex: 0, "aria-label": `${which}: its runs (scroll with the arrow keys)` }, el("table", { id: `${which}-runs` },
+        el("caption", { class: "visually-hidden", text: `${which}: its runs` }),
+        el("thead", {}, el("tr", {}, ...["dims", "elements", "first element", "first byte"].map((t) => el("th", { scope: "col", text: t })))),
+        el("tbody", {}, ...runs))),
+      a.chunks.length > MAX_RUNS ? el("p", { text: `first ${MAX_RUNS} of ${a.chunks.length} runs listed; the last begins at element ${int(lastRun.element_offset)}` }) : null);
+  }
+
   window.pagetrace = { doc: DOC };
   if (KIND === "run") tokenPage(runModel(DOC));
   else if (KIND === "replay") tokenPage(replayModel(DOC));
   else if (KIND === "simulate") simulatePage(DOC);
+  else if (KIND === "lookup") lookupPage(DOC);
   document.body.dataset.ready = "1";
 })();
