@@ -37,4 +37,7 @@ def main(page_path: str, out: Path = OUT) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        sys.stderr.write("usage: python examples/page_screenshot.py PAGE.html [OUT.png]  (make the page with: pagetrace run --html PAGE.html)\n")
+        sys.exit(2)
     main(sys.argv[1], Path(sys.argv[2]) if len(sys.argv) > 2 else OUT)
