@@ -315,11 +315,8 @@ def _over_white(rgba: bytes) -> bytearray:
 CATEGORY_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#bab0ac")
 
 
-def waste_svg(systems: list[Waste], title: str) -> str:
-    """Stacked bars, 0-100 %, one per system; each segment labelled with its share."""
-    bar, gap, left, top, plot_h = 90, 40, 60, 50, 300
-    width = left + len(systems) * (bar + gap) + 190
-    height = top + plot_h + 60
+def _percent_chart(width: int, height: int, title: str, left: int, top: int, plot_h: int, right: float) -> list[str]:
+    """The opening of a 0-100 % chart: the SVG, its white ground, the title and the gridlines."""
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -327,8 +324,17 @@ def waste_svg(systems: list[Waste], title: str) -> str:
     ]
     for pct in range(0, 101, 20):
         y = top + plot_h - plot_h * pct / 100
-        out.append(f'<line x1="{left - 4}" y1="{y}" x2="{left + len(systems) * (bar + gap)}" y2="{y}" stroke="#ddd"/>')
+        out.append(f'<line x1="{left - 4}" y1="{y}" x2="{right}" y2="{y}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{pct}%</text>')
+    return out
+
+
+def waste_svg(systems: list[Waste], title: str) -> str:
+    """Stacked bars, 0-100 %, one per system; each segment labelled with its share."""
+    bar, gap, left, top, plot_h = 90, 40, 60, 50, 300
+    width = left + len(systems) * (bar + gap) + 190
+    height = top + plot_h + 60
+    out = _percent_chart(width, height, title, left, top, plot_h, left + len(systems) * (bar + gap))
     for i, w in enumerate(systems):
         x = left + gap / 2 + i * (bar + gap)
         y = top + plot_h
@@ -360,15 +366,7 @@ def what_if_svg(outcomes, title: str = "blocks in use over time, as given and un
     legend_h = 20 * len(outcomes)
     width, height = left + plot_w + 30, top + plot_h + 50 + legend_h
     longest = max((len(o.used_over_time) for o in outcomes), default=1) or 1
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="22" font-size="14" font-weight="bold">{escape(title)}</text>',
-    ]
-    for pct in range(0, 101, 20):
-        y = top + plot_h - plot_h * pct / 100
-        out.append(f'<line x1="{left - 4}" y1="{y}" x2="{left + plot_w}" y2="{y}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{pct}%</text>')
+    out = _percent_chart(width, height, title, left, top, plot_h, left + plot_w)
     out.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 32}" text-anchor="middle">step (of {longest:,})</text>')
     for k in range(0, 5):
         x = left + plot_w * k / 4
