@@ -50,7 +50,15 @@ def capacity(
             if value is not None:
                 raise UsageError(option, value, "is a term of the device budget; give --gpu-memory too")
         kv_bytes = parse_memory(memory)
-    cap = compute(dims, kv_bytes, block_size, length)
+    kinds = None
+    if cfg is not None:
+        from ..sim.hybrid import layers_from_config
+
+        try:
+            kinds = layers_from_config(cfg)  # None: no sliding-window layer, one group
+        except ValueError as exc:
+            raise UsageError("--config", config, str(exc)) from None
+    cap = compute(dims, kv_bytes, block_size, length, kinds)
     if json_output:
         emit_json({**cap.to_json(), "budget": budget.to_json() if budget else None})
         return
@@ -67,14 +75,28 @@ def capacity(
         t.add_row("= KV cache budget", f"{b.kv_cache_bytes:,} bytes ({b.kv_cache_bytes / 2**30:.2f} GiB)")
     t.add_row("model", f"{d.num_layers} layers × {d.num_kv_heads} KV heads × head_dim {d.head_dim}, {d.dtype}")
     t.add_row("bytes per token", f"{cap.bytes_per_token:,} (K and V, all layers)")
-    t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; {cap.bytes_per_block_per_layer:,} per layer)")
+    if cap.groups:
+        per = cap.bytes_per_block // cap.bytes_per_block_per_layer
+        t.add_row("KV cache groups", f"{len(cap.groups)}, each its own block table over one pool (vLLM's hybrid allocator)")
+        for i, g in enumerate(cap.groups):
+            kind = "full attention" if g["window"] is None else f"sliding window {g['window']:,}"
+            held = "" if g["blocks_per_request"] is None else f"; {g['blocks_per_request']:,} blocks per request of {cap.length:,} tokens"
+            t.add_row(f"  group {i}", f"{kind}, {g['layers']} layers{held}")
+        t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; a page of each of {per} layers, "
+                  f"{cap.bytes_per_block_per_layer:,} per layer: the largest group's)")
+    else:
+        t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; {cap.bytes_per_block_per_layer:,} per layer)")
     if budget is None:
         t.add_row("memory", f"{cap.memory_bytes:,} bytes")
     t.add_row("blocks in the pool", f"{cap.num_blocks:,} ({cap.usable_blocks:,} usable: block 0 is the null block)")
-    t.add_row("tokens that fit", f"{cap.tokens:,}")
+    if cap.groups:
+        t.add_row("tokens that fit", "no limit from the pool: every layer slides" if cap.tokens is None else
+                  f"{cap.tokens:,} in one sequence (the full-attention groups hold every token, the sliding ones their window)")
+    else:
+        t.add_row("tokens that fit", f"{cap.tokens:,}")
     if cap.length is not None:
         t.add_row(f"requests of {cap.length:,} tokens", f"{cap.requests:,} ({cap.blocks_per_request:,} blocks each)")
-        t.add_row("closed form, no rounding", f"{cap.requests_closed_form:,.1f}")
+        t.add_row("closed form, every layer full, no rounding" if cap.groups else "closed form, no rounding", f"{cap.requests_closed_form:,.1f}")
     stdout_console().print(t)
 
 
