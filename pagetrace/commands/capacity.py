@@ -14,13 +14,14 @@ HELP = (
 )
 EPILOG = (
     "Example: pagetrace capacity --config config.json --gpu-memory 80GB --length 4096  |  "
-    "pagetrace capacity --layers 32 --kv-heads 8 --head-dim 128 --dtype fp8 --memory 40GiB --length 4096"
+    "pagetrace capacity --layers 32 --kv-heads 8 --head-dim 128 --dtype fp8 --memory 40GiB --length 4096  |  "
+    "pagetrace capacity --layers sliding:1024:5,full:1,sliding:1024:5,full:1 --kv-heads 4 --head-dim 256 --memory 1GiB --length 4096"
 )
 
 
 def capacity(
     memory: Annotated[str, typer.Option(help="KV cache budget: bytes, or with a unit (40GiB, 512MiB, 16GB).")] = "16GiB",
-    layers: Annotated[int, typer.Option(help="Attention layers.")] = 32,
+    layers: Annotated[str, typer.Option(help="Attention layers: a count (32), or a hybrid model's kinds, full:N,sliding:W:M (as simulate --layers).")] = "32",
     kv_heads: Annotated[int, typer.Option(help="KV heads per layer (after tensor parallelism, per GPU).")] = 8,
     head_dim: Annotated[int, typer.Option(help="Elements per key (and per value) vector.")] = 128,
     dtype: Annotated[str | None, typer.Option(help="KV cache dtype: fp32, fp16, bf16, fp8. Default: bf16, or the config's.")] = None,
@@ -39,8 +40,23 @@ def capacity(
     from ..sim.capacity import capacity as compute
     from .output import emit_json, stdout_console
 
+    from ..sim.hybrid import parse_layers
+
     cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms
-    dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")
+    kinds = None
+    if cfg is None:
+        text = layers.strip()
+        if text.lstrip("-").isdigit() and text.isascii():
+            num_layers = int(text)
+        else:
+            try:
+                kinds = parse_layers(text)
+            except ValueError as exc:
+                raise UsageError("--layers", layers, str(exc)) from None
+            num_layers = len(kinds)
+            if all(k.window is None for k in kinds):
+                kinds = None
+    dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(num_layers, kv_heads, head_dim, dtype or "bf16")
     budget = None
     if gpu_memory is not None:
         budget = vllm_budget(cfg, config, dims, gpu_memory, gpu_memory_utilization, weights, activation, non_torch, max_num_batched_tokens)
@@ -50,7 +66,6 @@ def capacity(
             if value is not None:
                 raise UsageError(option, value, "is a term of the device budget; give --gpu-memory too")
         kv_bytes = parse_memory(memory)
-    kinds = None
     if cfg is not None:
         from ..sim.hybrid import layers_from_config
 

@@ -286,6 +286,8 @@ def _hybrid_groups(layers, config_json, policy, events, explain, what_if):
     for other, given in (("--policy", policy != "vllm"), ("--events", events is not None), ("--explain", explain), ("--what-if", bool(what_if))):
         if given:
             raise UsageError(option, value, f"hybrid models run with vLLM's policy, without {other} (not modelled for KV cache groups)")
+    if all(k.window is None for k in kinds):  # every layer full: one group, the usual policy
+        return None
     return kv_cache_groups(kinds)[0]
 
 

@@ -89,10 +89,9 @@ def parse_layers(text: str) -> list[LayerKind]:
     for item in text.split(","):
         parts = item.strip().split(":")
         kind = parts[0].strip().lower()
-        try:
-            nums = [int(p, 10) for p in parts[1:]]
-        except ValueError:
-            raise ValueError(f"{item.strip()!r} is not full:N or sliding:W:N (whole numbers)") from None
+        nums = [int(p.strip()) for p in parts[1:] if p.strip().isascii() and p.strip().isdigit()]
+        if len(nums) != len(parts) - 1:
+            raise ValueError(f"{item.strip()!r} is not full:N or sliding:W:N (whole numbers, 0-9)")
         if kind == FULL and len(nums) == 1:
             window, count = None, nums[0]
         elif kind == SLIDING and len(nums) == 2:

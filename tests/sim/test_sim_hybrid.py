@@ -34,7 +34,7 @@ def test_groups_as_vllm_makes_them():
 
 def test_parse_layers():
     assert parse_layers("full:1,sliding:40:2") == [F, S, S]
-    for bad in ("sliding:0:3", "full:0", "sliding:40:0", "full", "sliding:40", "local:3", "full:x"):
+    for bad in ("sliding:0:3", "full:0", "sliding:40:0", "full", "sliding:40", "local:3", "full:x", "full:\u0663", "full:-1"):
         with pytest.raises(ValueError):
             parse_layers(bad)
 
@@ -131,3 +131,15 @@ def test_bad_hybrid_config(tmp_path, capsys, fields):
     path = _config(tmp_path, **fields)
     assert_usage_error(cli(capsys, "simulate", "--requests", "5", "--config", path), "--config")
     assert_usage_error(cli(capsys, "capacity", "--config", path), "--config")
+
+
+@pytest.mark.parametrize("spec", ["sliding:0:2,full:1", "full:1,sliding:64:0", "full:2,banana:3", "sliding:64"])
+def test_capacity_bad_layers(capsys, spec):
+    assert_usage_error(cli(capsys, "capacity", "--layers", spec), "--layers")
+
+
+def test_capacity_layers_spec_equals_config(tmp_path, capsys):
+    by_spec = json.loads(cli(capsys, "capacity", "--layers", "sliding:64:3,full:1", "--kv-heads", "2", "--head-dim", "32",
+                             "--memory", "1MiB", "--length", "256", "--json")[1])
+    by_config = json.loads(cli(capsys, "capacity", "--config", _config(tmp_path), "--memory", "1MiB", "--length", "256", "--json")[1])
+    assert by_spec["groups"] == by_config["groups"] and by_spec["num_blocks"] == by_config["num_blocks"] == 256

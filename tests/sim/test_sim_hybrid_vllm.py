@@ -153,3 +153,38 @@ def test_block_tables_per_group_match_vllm(model_dir, window, retention):
     hits = {r.request_id: r.num_cached_tokens for r in workload_run}
     assert hits["a2"] > 0 and hits["a"] == 0 and hits["e2"] > 0
 
+
+
+@pytest.mark.parametrize("pattern", [
+    [SLIDING] * 5 + [FULL],  # Gemma 3: 5 sliding : 1 full
+    [SLIDING, FULL],  # gpt-oss: alternating
+    [FULL] * 3 + [SLIDING] * 7,  # 6 : 14 -> group size 6, the sliding layers in 3 groups (one padded)
+    [SLIDING] * 4 + [FULL] * 3,  # 8 : 6, under 1.5 x 6 -> group size 8, the full group padded
+])
+def test_groups_and_pool_size_match_vllm(model_dir, pattern):
+    """pagetrace's groups and pool size for a hybrid model equal vLLM's own
+    `_get_kv_cache_groups_uniform_page_size` and `get_kv_cache_config_from_groups`."""
+    import torch
+    from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size, get_kv_cache_config_from_groups
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    from pagetrace.sim.capacity import ModelDims, capacity
+    from pagetrace.sim.hybrid import kv_cache_groups
+
+    layers = pattern * 2
+    kinds = [LayerKind(FULL) if k == FULL else LayerKind(SLIDING, 1024) for k in layers]
+    specs = {f"model.layers.{i}.self_attn.attn":
+             FullAttentionSpec(block_size=BS, num_kv_heads=4, head_size=256, dtype=torch.bfloat16) if k == FULL else
+             SlidingWindowSpec(block_size=BS, num_kv_heads=4, head_size=256, dtype=torch.bfloat16, sliding_window=1024)
+             for i, k in enumerate(layers)}
+    theirs = _get_kv_cache_groups_uniform_page_size(specs)
+    mine, _ = kv_cache_groups(kinds)
+    kind_of = lambda spec: FULL if type(spec).__name__ == "FullAttentionSpec" else SLIDING  # noqa: E731
+    assert [(kind_of(g.kv_cache_spec), len([n for n in g.layer_names if n])) for g in theirs] == [(g.kind.kind, g.layers) for g in mine]
+    _, vc = vllm_scheduler(model_dir, 16, 1024, 0)
+    # the engine core resolves the layout from the attention backend; both of the legacy names
+    # (layers outermost, NHD and HND) give the same bytes per block for pages of one size
+    vc.cache_config.kv_cache_layout = "NHD"
+    for memory in (2**30, 2**30 - 1, 3 * 2**27 + 12345):
+        pool = get_kv_cache_config_from_groups(vc, theirs, memory)
+        assert capacity(ModelDims(len(layers), 4, 256, "bf16"), memory, BS, 4096, kinds).num_blocks == pool.num_blocks
