@@ -179,7 +179,7 @@ def simulate(
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
                                     policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2,
-                                    record_events=(events is not None or explain) and policy == "vllm" and prefix_caching and not groups,
+                                    record_events=(events is not None or (explain and not groups)) and policy == "vllm" and prefix_caching,
                                     groups=groups)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
@@ -283,7 +283,7 @@ def _hybrid_groups(layers, config_json, policy, events, explain, what_if):
             raise UsageError("--config", config_json, str(exc)) from None
         if kinds is None:
             raise UsageError("--config", config_json, "has no sliding-window layer (no layer_types / sliding_window): drop it")
-    for other, given in (("--policy", policy != "vllm"), ("--events", events is not None), ("--explain", explain), ("--what-if", bool(what_if))):
+    for other, given in (("--policy", policy != "vllm"), ("--explain", explain), ("--what-if", bool(what_if))):
         if given:
             raise UsageError(option, value, f"hybrid models run with vLLM's policy, without {other} (not modelled for KV cache groups)")
     if all(k.window is None for k in kinds):  # every layer full: one group, the usual policy

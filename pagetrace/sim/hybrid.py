@@ -26,7 +26,10 @@ and sizes one shared pool whose block holds a page of every layer of the largest
   (kv_cache_interface.py `SlidingWindowSpec.max_admission_blocks_per_request`).
 
 One block size for every group (so the scheduler's block size is the hash block size), no
-EAGLE, KV connector, DCP/PCP, or partial-block hits; KV events are not logged for hybrid runs.
+EAGLE, KV connector, DCP/PCP, or partial-block hits. `record_events` logs what vLLM publishes,
+per group (`group_idx`): a BlockStored per `cache_full_blocks` call holding the hashes of the
+blocks it cached (a sliding group's masked and null blocks left out), a BlockRemoved per hash
+dropped, the key `(hash, group)`.
 """
 
 from __future__ import annotations
@@ -177,12 +180,20 @@ class HybridVllmPrefixCaching:
         self.junction: dict[str, int] = {}  # request.shared_prefix_boundary
         self.ever_cached: set[int] = set()
         self.ever_cached_content: set[int] = set()
+        self.event_log: list | None = None
         # HybridKVCacheCoordinator.verify_and_split_kv_cache_groups: groups of one spec are
         # looked up together; full attention first.
         spec_groups: dict[LayerKind, list[int]] = {}
         for i, g in enumerate(groups):
             spec_groups.setdefault(g.kind, []).append(i)
         self.spec_groups = sorted(spec_groups.items(), key=lambda kv: kv[0].window is not None)
+
+    def record_events(self) -> list:
+        """Log vLLM's KV events in its order: ("stored", request id, first block index, hashes,
+        group, block indices) per `cache_full_blocks` call, ("removed", (hash, group), request id)
+        per hash dropped by the allocation of that request."""
+        self.event_log = self.pool.event_log = []
+        return self.event_log
 
     # -- what the scheduler and the pictures read
 
@@ -348,6 +359,8 @@ class HybridVllmPrefixCaching:
         full_sequence_must_fit: bool = False,
     ) -> list[int] | None:
         rid = req.request_id
+        if self.event_log is not None:
+            self.pool.event_owner = rid
         hits = hit_blocks or tuple([] for _ in self.groups)
         mml = self.max_model_len
         local = req.num_computed + num_hit_tokens
@@ -430,10 +443,13 @@ class HybridVllmPrefixCaching:
         block_hash, insert = pool.block_hash, pool.cached.setdefault
         table = self.tables[g][rid]
         hashes = req.block_hashes
+        stored: list[int] | None = [] if self.event_log is not None else None
         for i in range(done, full):
             b = table[i]
             if not b or (mask is not None and not mask[i - done]):
                 continue
+            if stored is not None:
+                stored.append(i)
             key = (hashes[i], g)
             if block_hash[b] is None:
                 block_hash[b] = key
@@ -442,6 +458,8 @@ class HybridVllmPrefixCaching:
             self.ever_cached.add(hashes[i])
             if req.cache_salt is not None:
                 self.ever_cached_content.add(req.content_hashes[i])
+        if stored is not None:
+            self.event_log.append(("stored", rid, done, [hashes[i] for i in stored], g, stored))
         self.num_cached[g][rid] = full
 
     def free(self, req: SimRequest) -> None:

@@ -115,8 +115,6 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
 
         if policy_name != "vllm":
             raise ValueError(f"the {policy_name} cache has no KV cache groups; hybrid models run with the vllm policy")
-        if record_events:
-            raise ValueError("KV events are not predicted for hybrid models (more than one KV cache group)")
         hybrid = HybridVllmPrefixCaching(groups, num_blocks, block_size, enable_caching, max_model_len,
                                          config.max_num_batched_tokens, retention)
     for r in pending:  # the last output token is sampled, never stored

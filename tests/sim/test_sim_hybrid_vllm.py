@@ -26,6 +26,7 @@ from sim_drive import drive  # noqa: E402
 from pagetrace.sim.hybrid import FULL, SLIDING, HybridVllmPrefixCaching, KVGroup, LayerKind  # noqa: E402
 from pagetrace.sim.request import SimRequest  # noqa: E402
 from pagetrace.sim.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from pagetrace.sim.vllm_hash import block_hashes  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -54,7 +55,10 @@ def vllm_scheduler(model_dir: str, num_blocks: int, window: int, retention: int 
     cc.num_gpu_blocks = num_blocks
     sc = VSchedulerConfig(max_num_batched_tokens=BUDGET, max_num_seqs=SEQS, max_model_len=MML, enable_chunked_prefill=True,
                           is_encoder_decoder=False)
-    vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc)
+    from vllm.config import KVEventsConfig
+
+    vc = VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
+                    kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
     full = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
     sliding = SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16, sliding_window=window)
     kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
@@ -62,7 +66,27 @@ def vllm_scheduler(model_dir: str, num_blocks: int, window: int, retention: int 
                         prefix_cache_retention_interval=retention)
     sched = VScheduler(vc, kvc, StructuredOutputManager(vc), block_size=BS, log_stats=False)
     assert type(sched.kv_cache_manager.coordinator).__name__ == "HybridKVCacheCoordinator"
+    sched.kv_event_publisher = Published()  # what the scheduler publishes each step, kept
     return sched, vc
+
+
+class Published:
+    """Stands in for vLLM's event publisher: each published batch's events, flattened per hash."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[tuple]] = []
+
+    def publish(self, batch) -> None:
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+        items = []
+        for ev in batch.events:
+            kind = "stored" if isinstance(ev, BlockStored) else "removed" if isinstance(ev, BlockRemoved) else "other"
+            items += [(kind, h, ev.group_idx) for h in ev.block_hashes]
+        self.steps[-1].extend(items)
+
+    def shutdown(self) -> None:
+        pass
 
 
 def run_vllm(sched, workload: list[SimRequest]) -> list[dict]:
@@ -84,6 +108,7 @@ def run_vllm(sched, workload: list[SimRequest]) -> list[dict]:
             sched.add_request(Request(r.request_id, list(r.prompt), SamplingParams(max_tokens=len(r.output), ignore_eos=True),
                                       None, block_hasher=hasher))
             nxt += 1
+        sched.kv_event_publisher.steps.append([])
         so = sched.schedule()
         ids = list(so.num_scheduled_tokens)
         sampled = []
@@ -105,10 +130,27 @@ def run_sim(vc, num_blocks: int, window: int, retention: int | None, workload: l
                                      retention=retention)
     sched = Scheduler(policy, SchedulerConfig(BUDGET, SEQS, True, vc.scheduler_config.scheduler_reserve_full_isl
                                               if hasattr(vc.scheduler_config, "scheduler_reserve_full_isl") else True))
-    tables = []
+    log = policy.record_events()
+    tables, events = [], []
+    by_id = {r.request_id: r for r in workload}
+    external: dict[tuple[int, int], int] = {}  # (pagetrace's hash, group) -> vLLM's event hash
     for _ in drive(sched, workload, 5000):
         tables.append({r.request_id: policy.group_tables(r.request_id) for r in sched.running})
-    return tables, sched, policy
+        items = []
+        for entry in log:
+            if entry[0] == "stored":
+                _, rid, _, hashes, g, indices = entry
+                req = by_id[rid]
+                theirs = block_hashes(req.prompt + req.output, BS)
+                for h, i in zip(hashes, indices):
+                    external[(h, g)] = theirs[i]
+                    items.append(("stored", theirs[i], g))
+            else:
+                _, (h, g), _ = entry
+                items.append(("removed", external[(h, g)], g))
+        log.clear()
+        events.append(items)
+    return tables, sched, policy, events
 
 
 def tokens(start: int, n: int) -> list[int]:
@@ -141,9 +183,14 @@ def test_block_tables_per_group_match_vllm(model_dir, window, retention):
     vsched, vc = vllm_scheduler(model_dir, num_blocks, window, retention)
     theirs = run_vllm(vsched, workload())
     workload_run = workload()
-    mine, sched, policy = run_sim(vc, num_blocks, window, retention, workload_run)
+    mine, sched, policy, my_events = run_sim(vc, num_blocks, window, retention, workload_run)
     for step, (m, t) in enumerate(zip(mine, theirs)):
         assert m == t, f"step {step}: simulator {m} != vLLM {t}"
+    # the KV events vLLM published each step, hash by hash, group by group, in order
+    their_events = vsched.kv_event_publisher.steps
+    for step, (m, t) in enumerate(zip(my_events, their_events)):
+        assert m == t, f"step {step}: events: simulator {m} != vLLM {t}"
+    assert sum(1 for s in their_events for e in s if e[2] == 1) > 0 and any(e[0] == "removed" for s in their_events for e in s)
     # vLLM's last schedule() runs nothing: its finished requests are reported a step late
     assert len(theirs) == len(mine) + 1 and theirs[-1] == {}, f"steps: simulator {len(mine)}, vLLM {len(theirs)}"
     # the workload does what it is meant to: windows slid (nulls), a hit, preemption
