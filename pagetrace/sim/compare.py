@@ -131,6 +131,9 @@ def server_items(stream: EventStream, block_size: int, mode: str, groups: bool =
                     skipped += 1
                     notes.append(f"{where}: a BlockStored of {ev.block_size}-token blocks; the simulation's blocks hold {block_size}; left out")
                     continue
+                if mode == "content" and len(ev.token_ids) > len(ev.block_hashes) * block_size and not any("covers more" in n for n in notes):
+                    notes.append(f"{where}: a BlockStored (group {g}) covers more blocks than it hashes (a sliding window's); "
+                                 "by token content its blocks cannot be told apart, so such items may not match")
                 parent = content.get(_norm(ev.parent_block_hash)) if ev.parent_block_hash is not None else None
                 if ev.parent_block_hash is not None and parent is None and mode == "content":
                     parent = ("unseen parent", _norm(ev.parent_block_hash))

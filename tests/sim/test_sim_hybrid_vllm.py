@@ -14,6 +14,7 @@ Run: python -m pytest -q -m vllm tests/sim/test_sim_hybrid_vllm.py
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -75,10 +76,12 @@ class Published:
 
     def __init__(self) -> None:
         self.steps: list[list[tuple]] = []
+        self.batches: list = []
 
     def publish(self, batch) -> None:
         from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
+        self.batches.append(batch)
         items = []
         for ev in batch.events:
             kind = "stored" if isinstance(ev, BlockStored) else "removed" if isinstance(ev, BlockRemoved) else "other"
@@ -153,6 +156,32 @@ def run_sim(vc, num_blocks: int, window: int, retention: int | None, workload: l
     return tables, sched, policy, events
 
 
+def _cli_against_published(batches, workload, window, num_blocks, tmp_path, capsys):
+    import msgspec
+    from conftest import cli
+
+    from pagetrace.sim import events as ev
+    from pagetrace.sim.trace import TraceHeader, TraceRecord, TraceWriter
+
+    writer = TraceWriter(TraceHeader(block_size=BS))
+    for r in workload:
+        writer.add(TraceRecord(r.request_id, list(r.prompt), len(r.output), arrival=r.arrival, outputs=[list(r.output)]))
+    trace = writer.write(str(tmp_path / "hybrid.jsonl"))
+    encoder = msgspec.msgpack.Encoder()  # ZmqEventPublisher._publisher_thread's frames
+    msgs = [([b"kv-events", seq.to_bytes(8, "big"), encoder.encode(b)], 0.0) for seq, b in enumerate(batches)]
+    (tmp_path / "hybrid.kvev").write_bytes(ev.file_bytes(msgs))
+    args = ["simulate", "--trace", trace, "--events", str(tmp_path / "hybrid.kvev"), "--layers", f"full:1,sliding:{window}:1",
+            "--block-size", str(BS), "--num-blocks", str(num_blocks), "--max-num-batched-tokens", str(BUDGET),
+            "--max-num-seqs", str(SEQS), "--max-model-len", str(MML), "--json"]
+    code, out, err = cli(capsys, *args)
+    doc = json.loads(out)["events"]
+    assert code == 0 and doc["equal"] and doc["server_events_skipped"] == 0 and doc["agree"] == doc["server_items"] > 0, (doc["first_divergence"], doc["notes"])
+    # and without the groups, the sliding group's events are left out, named
+    code, out, err = cli(capsys, *[a for a in args if a not in ("--layers", f"full:1,sliding:{window}:1")])
+    doc = json.loads(out)["events"]
+    assert code == 0 and doc["server_events_skipped"] > 0 and any("KV cache group 1" in n for n in doc["notes"])
+
+
 def tokens(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
@@ -178,7 +207,7 @@ def workload() -> list[SimRequest]:
 
 
 @pytest.mark.parametrize("window,retention", [(40, 0), (32, 0), (40, None), (17, 0)])
-def test_block_tables_per_group_match_vllm(model_dir, window, retention):
+def test_block_tables_per_group_match_vllm(model_dir, window, retention, tmp_path, capsys):
     num_blocks = 48
     vsched, vc = vllm_scheduler(model_dir, num_blocks, window, retention)
     theirs = run_vllm(vsched, workload())
@@ -197,6 +226,8 @@ def test_block_tables_per_group_match_vllm(model_dir, window, retention):
     assert any(0 in tables[1] for step in mine for tables in step.values())
     assert sched.num_preemptions > 0
     assert vsched.kv_cache_manager.block_pool.get_num_free_blocks() == policy.pool.num_free
+    if retention == 0:  # vLLM's default: the command line, on the events vLLM published, encoded as its publisher sends them
+        _cli_against_published(vsched.kv_event_publisher.batches, workload_run, window, num_blocks, tmp_path, capsys)
     hits = {r.request_id: r.num_cached_tokens for r in workload_run}
     assert hits["a2"] > 0 and hits["a"] == 0 and hits["e2"] > 0
 
