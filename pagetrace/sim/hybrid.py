@@ -213,6 +213,17 @@ class HybridVllmPrefixCaching:
         `get_block_ids` gives them."""
         return [list(table.get(request_id, ())) for table in self.tables]
 
+    def empty_slots(self, running) -> int:
+        """Allocated slots not yet written, over every group's table of the running requests
+        (a table's end, in tokens, less the request's computed tokens)."""
+        bs, out = self.block_size, 0
+        for table in self.tables:
+            for r in running:
+                blocks = table.get(r.request_id)
+                if blocks:
+                    out += len(blocks) * bs - r.num_computed
+        return out
+
     def held_by_group(self) -> list[int]:
         """Real blocks each group's tables hold now (a block shared by requests counts once)."""
         return [len({b for blocks in table.values() for b in blocks if b}) for table in self.tables]

@@ -277,7 +277,7 @@ class Scheduler:
             used_blocks=pool.num_blocks - 1 - pool.num_free,
             waiting=len(self.waiting),
             running=len(running),
-            empty_slots=self._held_slots - self._computed,
+            empty_slots=self._held_slots - self._computed if self.cruise or not hasattr(policy, "groups") else policy.empty_slots(running),
         )
         self.step_count += 1
         return record

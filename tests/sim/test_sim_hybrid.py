@@ -47,9 +47,9 @@ def _run(retention):
     prompt = list(range(1000, 1100))
     reqs = [SimRequest("a", prompt, [1, 2, 3]), SimRequest("b", prompt, [4, 5], arrival=5)]
     tables, orders = [], []
-    for _ in drive(sched, reqs, 100):
+    for rec in drive(sched, reqs, 100):
         tables.append({r.request_id: policy.group_tables(r.request_id) for r in sched.running})
-        orders.append(policy.pool.queue.order())
+        orders.append((policy.pool.queue.order(), rec))
     return tables, reqs, orders
 
 
@@ -61,7 +61,10 @@ def test_sliding_window_frees_and_hits_by_hand():
     assert tables[1] == {"a": [[1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 11, 12, 13, 14]]}
     # the replay boundary is token 99 (block 6): the sliding group cached the cdiv(39, 16) = 3 blocks
     # before it (idx 3..5 = 11, 12, 13); 8, 9, 10 left uncached, so they went to the front of the queue
-    assert orders[1][:4] == [10, 9, 8, 15]
+    assert orders[1][0][:4] == [10, 9, 8, 15]
+    # empty slots after step 0: each group's 7 blocks hold 112 slots for 100 tokens: 2 x 12;
+    # after step 1 (101 tokens) 2 x 11; blocks in use 14, then 11 (3 left the window)
+    assert [(rec.empty_slots, rec.used_blocks) for _, rec in orders[:2]] == [(24, 14), (22, 11)]
     # b: at most 99 tokens hit -> 6 blocks; the full group's 1..6, the sliding group's last 3 (cached);
     # 96 - 39 = 57 tokens skipped -> 3 nulls first
     assert b.num_cached_tokens == 96
@@ -72,7 +75,7 @@ def test_dense_retention_caches_every_sliding_block():
     _, (a, b), orders = _run(None)
     assert b.num_cached_tokens == 96
     # with every block cached, the three that left the window are cached and go to the back of the queue
-    assert orders[1][:1] == [15] and orders[1][-3:] == [10, 9, 8]
+    assert orders[1][0][:1] == [15] and orders[1][0][-3:] == [10, 9, 8]
 
 
 def test_capacity_splits_the_pool_by_group():
