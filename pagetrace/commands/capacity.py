@@ -14,13 +14,14 @@ HELP = (
 )
 EPILOG = (
     "Example: pagetrace capacity --config config.json --gpu-memory 80GB --length 4096  |  "
-    "pagetrace capacity --layers 32 --kv-heads 8 --head-dim 128 --dtype fp8 --memory 40GiB --length 4096"
+    "pagetrace capacity --layers 32 --kv-heads 8 --head-dim 128 --dtype fp8 --memory 40GiB --length 4096  |  "
+    "pagetrace capacity --layers sliding:1024:5,full:1,sliding:1024:5,full:1 --kv-heads 4 --head-dim 256 --memory 1GiB --length 4096"
 )
 
 
 def capacity(
     memory: Annotated[str, typer.Option(help="KV cache budget: bytes, or with a unit (40GiB, 512MiB, 16GB).")] = "16GiB",
-    layers: Annotated[int, typer.Option(help="Attention layers.")] = 32,
+    layers: Annotated[str, typer.Option(help="Attention layers: a count (32), or a hybrid model's kinds, full:N,sliding:W:M (as simulate --layers).")] = "32",
     kv_heads: Annotated[int, typer.Option(help="KV heads per layer (after tensor parallelism, per GPU).")] = 8,
     head_dim: Annotated[int, typer.Option(help="Elements per key (and per value) vector.")] = 128,
     dtype: Annotated[str | None, typer.Option(help="KV cache dtype: fp32, fp16, bf16, fp8. Default: bf16, or the config's.")] = None,
@@ -39,8 +40,23 @@ def capacity(
     from ..sim.capacity import capacity as compute
     from .output import emit_json, stdout_console
 
+    from ..sim.hybrid import parse_layers
+
     cfg = read_config(config) if config else None  # read once: the dims, and the device budget's terms
-    dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(layers, kv_heads, head_dim, dtype or "bf16")
+    kinds = None
+    if cfg is None:
+        text = layers.strip()
+        if text.lstrip("-").isdigit() and text.isascii():
+            num_layers = int(text)
+        else:
+            try:
+                kinds = parse_layers(text)
+            except ValueError as exc:
+                raise UsageError("--layers", layers, str(exc)) from None
+            num_layers = len(kinds)
+            if all(k.window is None for k in kinds):
+                kinds = None
+    dims = dims_of(cfg, config, dtype) if cfg is not None else ModelDims(num_layers, kv_heads, head_dim, dtype or "bf16")
     budget = None
     if gpu_memory is not None:
         budget = vllm_budget(cfg, config, dims, gpu_memory, gpu_memory_utilization, weights, activation, non_torch, max_num_batched_tokens)
@@ -50,7 +66,14 @@ def capacity(
             if value is not None:
                 raise UsageError(option, value, "is a term of the device budget; give --gpu-memory too")
         kv_bytes = parse_memory(memory)
-    cap = compute(dims, kv_bytes, block_size, length)
+    if cfg is not None:
+        from ..sim.hybrid import layers_from_config
+
+        try:
+            kinds = layers_from_config(cfg)  # None: no sliding-window layer, one group
+        except ValueError as exc:
+            raise UsageError("--config", config, str(exc)) from None
+    cap = compute(dims, kv_bytes, block_size, length, kinds)
     if json_output:
         emit_json({**cap.to_json(), "budget": budget.to_json() if budget else None})
         return
@@ -67,14 +90,28 @@ def capacity(
         t.add_row("= KV cache budget", f"{b.kv_cache_bytes:,} bytes ({b.kv_cache_bytes / 2**30:.2f} GiB)")
     t.add_row("model", f"{d.num_layers} layers × {d.num_kv_heads} KV heads × head_dim {d.head_dim}, {d.dtype}")
     t.add_row("bytes per token", f"{cap.bytes_per_token:,} (K and V, all layers)")
-    t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; {cap.bytes_per_block_per_layer:,} per layer)")
+    if cap.groups:
+        per = cap.bytes_per_block // cap.bytes_per_block_per_layer
+        t.add_row("KV cache groups", f"{len(cap.groups)}, each its own block table over one pool (vLLM's hybrid allocator)")
+        for i, g in enumerate(cap.groups):
+            kind = "full attention" if g["window"] is None else f"sliding window {g['window']:,}"
+            held = "" if g["blocks_per_request"] is None else f"; {g['blocks_per_request']:,} blocks per request of {cap.length:,} tokens"
+            t.add_row(f"  group {i}", f"{kind}, {g['layers']} layers{held}")
+        t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; a page of each of {per} layers, "
+                  f"{cap.bytes_per_block_per_layer:,} per layer: the largest group's)")
+    else:
+        t.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens; {cap.bytes_per_block_per_layer:,} per layer)")
     if budget is None:
         t.add_row("memory", f"{cap.memory_bytes:,} bytes")
     t.add_row("blocks in the pool", f"{cap.num_blocks:,} ({cap.usable_blocks:,} usable: block 0 is the null block)")
-    t.add_row("tokens that fit", f"{cap.tokens:,}")
+    if cap.groups:
+        t.add_row("tokens that fit", "no limit from the pool: every layer slides" if cap.tokens is None else
+                  f"{cap.tokens:,} in one sequence (the full-attention groups hold every token, the sliding ones their window)")
+    else:
+        t.add_row("tokens that fit", f"{cap.tokens:,}")
     if cap.length is not None:
         t.add_row(f"requests of {cap.length:,} tokens", f"{cap.requests:,} ({cap.blocks_per_request:,} blocks each)")
-        t.add_row("closed form, no rounding", f"{cap.requests_closed_form:,.1f}")
+        t.add_row("closed form, every layer full, no rounding" if cap.groups else "closed form, no rounding", f"{cap.requests_closed_form:,.1f}")
     stdout_console().print(t)
 
 

@@ -55,6 +55,8 @@ def simulate(
     chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the waste chart (stacked bars like Figure 2 of the vLLM paper) as SVG.")] = None,
     tables_svg: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (SVG).")] = None,
     tables_png: Annotated[str | None, typer.Option(metavar="PATH", help="Write the block tables at --at STEP as a mapping diagram (PNG).")] = None,
+    layers: Annotated[str | None, typer.Option(metavar="SPEC", help="A hybrid model's layers: full:N,sliding:W:M (N full-attention layers, M sliding-window layers of W tokens; items repeat in model order). vLLM groups them into KV cache groups, each with its own block table over the one pool.")] = None,
+    config_json: Annotated[str | None, typer.Option("--config", metavar="PATH", help="A Hugging Face config.json: the layers' kinds from its layer_types and sliding_window (as --layers).")] = None,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
     events: Annotated[str | None, typer.Option(metavar="SOURCE", help="The server's KV events, a recorded file or tcp://HOST:PORT (live, from vLLM's ZMQ publisher): compare them with the blocks the simulation stores and removes. Needs --trace.")] = None,
     events_bind: Annotated[bool, typer.Option("--events-bind", help="Bind the --events endpoint instead of connecting: vLLM's publisher connects when its endpoint has no wildcard (tcp://127.0.0.1:5557).")] = False,
@@ -78,6 +80,7 @@ def simulate(
     # -- check every option before any work --
     if policy not in POLICIES:
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
+    groups = _hybrid_groups(layers, config_json, policy, events, explain, what_if)
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -176,7 +179,8 @@ def simulate(
             result = run_simulation(workload, num_blocks, block_size, config, prefix_caching, () if at is None else [at],
                                     record_occupancy=bool(svg or png), max_model_len=max_model_len, on_step=on_step,
                                     policy=policy, record_history=html is not None, keep_steps=PAGE_STEPS // 2,
-                                    record_events=(events is not None or explain) and policy == "vllm" and prefix_caching)
+                                    record_events=(events is not None or (explain and not groups)) and policy == "vllm" and prefix_caching,
+                                    groups=groups)
     except ValueError as exc:
         raise UsageError("--num-blocks", num_blocks, str(exc)) from None
     if at is not None and at not in result.tables_at:
@@ -203,7 +207,12 @@ def simulate(
     config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
+    group_doc = _group_memory(result) if groups else None
+    if groups:
+        config["kv_cache_groups"] = [{"kind": g.kind.kind, "window": g.kind.window, "layers": g.layers} for g in groups]
     doc = simulate_json(config, result, summary, written, explained) if json_output or html is not None else None
+    if doc is not None and group_doc is not None:
+        doc["summary"]["kv_cache_groups"] = group_doc
     if doc is not None:
         doc["summary"]["vllm_metric"] = _metric(result)
         if outcomes:
@@ -236,12 +245,61 @@ def simulate(
     from ..views.sim import render_comparison, render_explained, render_metric, render_what_if
 
     out.print(render_metric(_metric(result)))
+    if group_doc is not None:
+        from ..views.sim import render_groups
+
+        out.print(render_groups(group_doc, num_blocks - 1))
     if explain:
         out.print(render_explained(result.requests, explained))
     if comparison is not None:
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
         out.print(render_what_if(outcomes))
+
+
+def _hybrid_groups(layers, config_json, policy, events, explain, what_if):
+    """The KV cache groups of --layers or --config (None: one full-attention group)."""
+    from ..errors import UsageError
+
+    if layers is None and config_json is None:
+        return None
+    if layers is not None and config_json is not None:
+        raise UsageError("--layers", layers, "gives the layers; so does --config: give one")
+    from ..sim.hybrid import kv_cache_groups, layers_from_config, parse_layers
+
+    if layers is not None:
+        option, value = "--layers", layers
+        try:
+            kinds = parse_layers(layers)
+        except ValueError as exc:
+            raise UsageError("--layers", layers, str(exc)) from None
+    else:
+        from ..sim.capacity import read_config
+
+        option, value = "--config", config_json
+        try:
+            kinds = layers_from_config(read_config(config_json))
+        except ValueError as exc:
+            raise UsageError("--config", config_json, str(exc)) from None
+        if kinds is None:
+            raise UsageError("--config", config_json, "has no sliding-window layer (no layer_types / sliding_window): drop it")
+    for other, given in (("--policy", policy != "vllm"), ("--explain", explain), ("--what-if", bool(what_if))):
+        if given:
+            raise UsageError(option, value, f"hybrid models run with vLLM's policy, without {other} (not modelled for KV cache groups)")
+    if all(k.window is None for k in kinds):  # every layer full: one group, the usual policy
+        return None
+    return kv_cache_groups(kinds)[0]
+
+
+def _group_memory(result) -> list[dict]:
+    """Each KV cache group's blocks over the run: peak, mean, at the end."""
+    rows = result.group_blocks or [[0] * len(result.policy.groups)]
+    out = []
+    for i, g in enumerate(result.policy.groups):
+        col = [r[i] for r in rows]
+        out.append({"group": i, "kind": g.kind.kind, "window": g.kind.window, "layers": g.layers,
+                    "peak_blocks": max(col), "mean_blocks": round(sum(col) / len(col), 2)})
+    return out
 
 
 def simulate_json(config: dict, result, summary, written: list[str], explained: list[dict] | None = None) -> dict:

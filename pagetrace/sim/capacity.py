@@ -50,6 +50,8 @@ class Capacity:
     blocks_per_request: int | None
     requests: int | None
     requests_closed_form: float | None  # memory / (bytes per token * length): no rounding
+    groups: list[dict] | None = None  # a hybrid model's KV cache groups (sim/hybrid.py): kind, layers, blocks per request
+
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -136,7 +138,12 @@ def dims_of(cfg: dict, path: str, dtype: str | None = None) -> ModelDims:
     return ModelDims(layers, kv_heads, head_dim, dtype)
 
 
-def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: int | None = None) -> Capacity:
+def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: int | None = None, kinds: list | None = None) -> Capacity:
+    """`kinds`: each layer's attention (sim/hybrid.py `LayerKind`), for a model with sliding-window
+    layers: vLLM then groups the layers (`kv_cache_groups`), one pool block holds a page of each
+    layer of one group (the largest: `group_size` layers), and every group takes its own blocks
+    from the pool. A sliding group holds at most cdiv(W - 1, block_size) + 1 blocks of a decoding
+    request (the window's tokens and one block of offset), a full group all of them."""
     for option, value, limit in (("--layers", dims.num_layers, MAX_LAYERS), ("--kv-heads", dims.num_kv_heads, MAX_HEADS),
                                  ("--head-dim", dims.head_dim, MAX_HEAD_DIM), ("--block-size", block_size, MAX_BLOCK_SIZE),
                                  ("--length", 1 if length is None else length, MAX_TOKENS)):
@@ -147,13 +154,35 @@ def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: i
     size = dtype_bytes(dims.dtype)
     per_token_layer = dims.num_kv_heads * 2 * dims.head_dim * size  # K and V: head_size + head_size_v
     per_block_layer = per_token_layer * block_size
-    per_block = per_block_layer * dims.num_layers
+    groups = None
+    if kinds:
+        from .hybrid import kv_cache_groups
+
+        hybrid, group_size = kv_cache_groups(kinds)
+        per_block = per_block_layer * group_size
+    else:
+        per_block = per_block_layer * dims.num_layers
     num_blocks = memory_bytes // per_block
     if num_blocks < 2:  # block 0 is the null block: a pool needs one more to hold a token
         raise UsageError("--memory", memory_bytes, f"holds {plural(num_blocks, 'block')} of {per_block:,} bytes; a pool needs at least 2 "
                          f"(block 0 is the null block), so at least {2 * per_block:,} bytes")
     usable = num_blocks - 1
     per_request = None if length is None else cdiv(length, block_size)
+    tokens = usable * block_size
+    if kinds:
+        windows = [g.kind.window for g in hybrid]
+        # one sequence as long as the pool allows: the sliding groups' windows, the rest in full groups
+        window_blocks = sum(cdiv(w - 1, block_size) + 1 for w in windows if w is not None)
+        num_full = sum(1 for w in windows if w is None)
+        tokens = (max(usable - window_blocks, 0) // num_full * block_size) if num_full else None
+        groups = []
+        for g in hybrid:
+            w = g.kind.window
+            held = None if length is None else (cdiv(length, block_size) if w is None else min(cdiv(length, block_size), cdiv(w - 1, block_size) + 1))
+            groups.append({"kind": g.kind.kind, "window": w, "layers": g.layers, "blocks_per_request": held,
+                           "bytes_per_block": per_block_layer * g.layers})
+        if length is not None:
+            per_request = sum(x["blocks_per_request"] for x in groups)
     return Capacity(
         dims=dims,
         block_size=block_size,
@@ -163,11 +192,12 @@ def capacity(dims: ModelDims, memory_bytes: int, block_size: int = 16, length: i
         bytes_per_block=per_block,
         num_blocks=num_blocks,
         usable_blocks=usable,
-        tokens=usable * block_size,
+        tokens=tokens,
         length=length,
         blocks_per_request=per_request,
         requests=None if per_request is None else usable // per_request,
         requests_closed_form=None if length is None else memory_bytes / (per_token_layer * dims.num_layers * length),
+        groups=groups,
     )
 
 

@@ -89,7 +89,13 @@ def predicted_items(result, trace, block_size: int, mode: str) -> list[Item]:
     items: list[Item] = []
     for step, log in result.events or ():
         for entry in log:
-            if entry[0] == "stored":
+            if entry[0] == "stored" and len(entry) == 6:  # a hybrid model's group (hybrid.py): the key is (hash, group)
+                _, rid, _, hashes, g, indices = entry
+                for h, i in zip(hashes, indices):
+                    key = (key_of(rid, i), g)
+                    internal_to_key[(h, g)] = key
+                    items.append(Item("stored", key, f"step {step}, group {g}", rid, i))
+            elif entry[0] == "stored":
                 _, rid, first, hashes = entry
                 for k, h in enumerate(hashes):
                     key = key_of(rid, first + k)
@@ -101,8 +107,9 @@ def predicted_items(result, trace, block_size: int, mode: str) -> list[Item]:
     return items
 
 
-def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[Item], list[str], int]:
-    """The server's events as items; events of another block size or KV cache group are left out."""
+def server_items(stream: EventStream, block_size: int, mode: str, groups: bool = False) -> tuple[list[Item], list[str], int]:
+    """The server's events as items; events of another block size are left out, and of a KV
+    cache group other than 0 unless `groups` (a hybrid simulation: each key is then (hash, group))."""
     items: list[Item] = []
     notes: list[str] = []
     skipped = 0
@@ -113,7 +120,8 @@ def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[
             if isinstance(ev, AllBlocksCleared):
                 items.append(Item("cleared", None, where, seq=batch.seq))
                 continue
-            if ev.group_idx not in (None, 0):
+            g = ev.group_idx or 0
+            if g and not groups:
                 skipped += 1
                 if skipped == 1:
                     notes.append(f"{where}: an event of KV cache group {ev.group_idx}; only group 0 (full attention) is simulated, such events are left out")
@@ -123,6 +131,9 @@ def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[
                     skipped += 1
                     notes.append(f"{where}: a BlockStored of {ev.block_size}-token blocks; the simulation's blocks hold {block_size}; left out")
                     continue
+                if mode == "content" and len(ev.token_ids) > len(ev.block_hashes) * block_size and not any("covers more" in n for n in notes):
+                    notes.append(f"{where}: a BlockStored (group {g}) covers more blocks than it hashes (a sliding window's); "
+                                 "by token content its blocks cannot be told apart, so such items may not match")
                 parent = content.get(_norm(ev.parent_block_hash)) if ev.parent_block_hash is not None else None
                 if ev.parent_block_hash is not None and parent is None and mode == "content":
                     parent = ("unseen parent", _norm(ev.parent_block_hash))
@@ -133,19 +144,22 @@ def server_items(stream: EventStream, block_size: int, mode: str) -> tuple[list[
                         parent = hash((parent, tuple(ev.token_ids[i * block_size:(i + 1) * block_size]),
                                        tuple(extra) if extra else None))
                         content[h] = parent
-                        items.append(Item("stored", parent, where, seq=batch.seq))
+                        items.append(Item("stored", (parent, g) if groups else parent, where, seq=batch.seq))
                     else:
-                        items.append(Item("stored", h, where, seq=batch.seq))
+                        items.append(Item("stored", (h, g) if groups else h, where, seq=batch.seq))
             elif isinstance(ev, BlockRemoved):
                 for h in ev.block_hashes:
                     h = _norm(h)
-                    items.append(Item("removed", content.get(h, ("unseen", h)) if mode == "content" else h, where, seq=batch.seq))
+                    key = content.get(h, ("unseen", h)) if mode == "content" else h
+                    items.append(Item("removed", (key, g) if groups else key, where, seq=batch.seq))
     return items, notes, skipped
 
 
 def _show(key) -> str:
     if isinstance(key, int):
         return f"{key:#018x}"
+    if isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], int) and isinstance(key[1], int):
+        return f"{key[0]:#018x} (group {key[1]})"
     return str(key)
 
 
@@ -155,8 +169,9 @@ def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
     notes = []
     if mode == "content":
         notes.append(f"compared by token content: the trace's hashing ({algo}{', LoRA' if trace.lora else ''}) is not reproduced here")
+    groups = hasattr(result.policy, "groups")
     pred = predicted_items(result, trace, block_size, mode)
-    serv, more, skipped = server_items(stream, block_size, mode)
+    serv, more, skipped = server_items(stream, block_size, mode, groups)
     if mode == "hash" and not trace.given_hashes:
         p_stored = {i.key for i in pred if i.kind == "stored"}
         s_stored = {i.key for i in serv if i.kind == "stored"}
@@ -165,7 +180,7 @@ def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
             notes.append("no predicted block hash is one the server stored: its NONE_HASH seed or hash algorithm differs "
                          "(PYTHONHASHSEED, --prefix-caching-hash-algo); compared by token content instead")
             pred = predicted_items(result, trace, block_size, mode)
-            serv, more, skipped = server_items(stream, block_size, mode)
+            serv, more, skipped = server_items(stream, block_size, mode, groups)
     notes += more
     agree = 0
     for a, b in zip(pred, serv):

@@ -136,7 +136,10 @@ def decode_event(raw) -> BlockStored | BlockRemoved | AllBlocksCleared:
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise EventError(f"field 'block_size' must be a positive integer, not {size!r}")
         hashes = _hashes(values["block_hashes"], "block_hashes")
-        if len(tokens) != len(hashes) * size:
+        # A sliding-window group's BlockStored carries the token ids of every block the call
+        # covered but the hashes of only the blocks it cached (block_pool.py cache_full_blocks:
+        # masked and null blocks are left out of block_hashes, not of token_ids).
+        if len(tokens) % size or len(tokens) < len(hashes) * size:
             raise EventError(f"{len(hashes)} block hashes of {size} tokens but {len(tokens)} token ids")
         return BlockStored(hashes, values["parent_block_hash"], tokens, size, values.get("lora_name"), values.get("medium"),
                            values.get("group_idx"), values.get("extra_keys"))

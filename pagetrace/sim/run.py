@@ -31,6 +31,7 @@ class SimResult:
     preempted_hits: int = 0  # and their hits: recomputation served by the cache (vllm#25780)
     events: list[tuple[int, list]] | None = None  # (step, that step's KV events), steps with events only (record_events)
     history: object = None  # history.TableHistory when asked for (simulate --html)
+    group_blocks: list[list[int]] | None = None  # hybrid models: step -> real blocks each KV cache group holds
 
     def __repr__(self) -> str:
         from ..views.notebook import sim_result_text
@@ -78,13 +79,17 @@ def simulate(
     record_events: bool = False,
     record_history: bool = False,
     keep_steps: int = 1000,
+    groups: list | None = None,
+    retention: int | None = 0,
 ) -> SimResult:
     """Feed requests in as they arrive; step until every request has finished.
 
     Python's cyclic garbage collector is paused for the run: the simulator makes no cycles,
     and on 100,000 requests the collector's passes over every live request cost a fifth of
     the time (bench/README.md). `policy` names the cache (`POLICIES`): vLLM's block manager
-    or SGLang's radix tree, under the same (vLLM's) scheduler.
+    or SGLang's radix tree, under the same (vLLM's) scheduler. `groups` (sim/hybrid.py
+    `kv_cache_groups`) makes a hybrid model's KV cache groups share the pool (vLLM's policy
+    only; `retention`: vLLM's prefix_cache_retention_interval, 0 by default there).
     """
     import gc
 
@@ -92,7 +97,8 @@ def simulate(
     gc.disable()
     try:
         return _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
-                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps, record_events)
+                         max_steps, max_model_len, max_cells, on_step, policy, record_history, keep_steps, record_events,
+                         groups, retention)
     finally:
         if paused:
             gc.enable()
@@ -100,11 +106,21 @@ def simulate(
 
 def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_at, record_occupancy,
               max_steps, max_model_len, max_cells, on_step, policy_name="vllm", record_history=False, keep_steps=1000,
-              record_events=False) -> SimResult:
+              record_events=False, groups=None, retention=0) -> SimResult:
     pending = sorted(requests, key=lambda r: r.arrival)
     usable = num_blocks - 1
+    config = config or SchedulerConfig()
+    if groups:
+        from .hybrid import HybridVllmPrefixCaching
+
+        if policy_name != "vllm":
+            raise ValueError(f"the {policy_name} cache has no KV cache groups; hybrid models run with the vllm policy")
+        hybrid = HybridVllmPrefixCaching(groups, num_blocks, block_size, enable_caching, max_model_len,
+                                         config.max_num_batched_tokens, retention)
     for r in pending:  # the last output token is sampled, never stored
         need = -(-(len(r.prompt) + len(r.output) - 1) // block_size)
+        if groups:  # every group holds its blocks; a sliding one at most its admission cap
+            need = sum(need if cap is None else min(need, cap) for cap in hybrid.caps)
         if need > usable:
             raise ValueError(
                 f"request {r.request_id} needs {need} blocks of {block_size} tokens at its longest, "
@@ -117,8 +133,8 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             )
     if policy_name not in POLICIES:
         raise ValueError(f"unknown cache policy {policy_name!r}: one of {', '.join(POLICIES)}")
-    policy = POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
-    sched = Scheduler(policy, config or SchedulerConfig())
+    policy = hybrid if groups else POLICIES[policy_name](num_blocks, block_size, enable_caching, max_model_len)
+    sched = Scheduler(policy, config)
     log = None
     if record_events:
         if not hasattr(policy, "record_events"):
@@ -135,7 +151,7 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
     index = {r.request_id: i for i, r in enumerate(everyone)}
     want_tables = set(tables_at)
     result = SimResult(everyone, [], policy, 0, occupancy=[] if record_occupancy else None, shared=[] if record_occupancy else None,
-                       prefix_requests=len(held), events=[] if record_events else None)
+                       prefix_requests=len(held), events=[] if record_events else None, group_blocks=[] if groups else None)
     if record_history:
         from .history import TableHistory
 
@@ -164,6 +180,8 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             result.tables_at[step] = {rid: list(b) for rid, b in policy.req_to_blocks.items()}
         if record_history:
             result.history.record(policy)
+        if groups:
+            result.group_blocks.append(policy.held_by_group())
         if record_occupancy and (len(result.occupancy) + 1) * num_blocks > max_cells:
             record_occupancy, result.occupancy_cut = False, True
         if record_occupancy:

@@ -84,6 +84,10 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self._calendar = Calendar(self.policy)
+        if hasattr(self.policy, "groups"):
+            # A hybrid model (sim/hybrid.py): a sliding window frees blocks at any token, inside
+            # `allocate_slots`, so every running request's call is made, every step.
+            self.cruise = False
 
     def add(self, req: SimRequest) -> None:
         self.waiting.append(req)
@@ -129,13 +133,15 @@ class Scheduler:
         policy = self.policy
         budget = self.config.max_num_batched_tokens
         running = self.running
-        tables, bs, caching = policy.req_to_blocks, policy.block_size, policy.enable_caching
+        bs, caching = policy.block_size, policy.enable_caching
+        skip = not hasattr(policy, "groups")  # (see __post_init__)
+        tables = policy.req_to_blocks if skip else None
         allocated = i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             c = req.num_computed
             n = min(req.prompt_len + req.num_generated - c, budget)
-            if n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
+            if skip and n == 1 and c < len(tables[req.request_id]) * bs and not (caching and (c + 1) % bs == 0):
                 # A decode step inside the last block that fills no block: allocate_slots
                 # would allocate and cache nothing, so the call is skipped.
                 scheduled.append((req, 1))
@@ -271,7 +277,7 @@ class Scheduler:
             used_blocks=pool.num_blocks - 1 - pool.num_free,
             waiting=len(self.waiting),
             running=len(running),
-            empty_slots=self._held_slots - self._computed,
+            empty_slots=self._held_slots - self._computed if self.cruise or not hasattr(policy, "groups") else policy.empty_slots(running),
         )
         self.step_count += 1
         return record

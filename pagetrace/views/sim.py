@@ -138,6 +138,18 @@ def render_simulation(summary: Summary, steps: list[StepRecord], rows: int, tabl
     return Group(*parts)
 
 
+def render_groups(groups: list[dict], usable: int) -> Table:
+    """simulate --layers: each KV cache group's blocks (one block table per request, one pool)."""
+    table = Table(title=f"KV cache groups: one pool of {usable:,} usable blocks, a block table per group", title_justify="left")
+    for col in ("group", "attention", "layers", "peak blocks", "mean blocks", "peak share"):
+        header(table, col, justify="left" if col == "attention" else "right")
+    for g in groups:
+        kind = "full" if g["window"] is None else f"sliding, window {g['window']:,}"
+        table.add_row(str(g["group"]), kind, str(g["layers"]), f"{g['peak_blocks']:,}", f"{g['mean_blocks']:,.1f}",
+                      f"{g['peak_blocks'] / usable:.1%}")
+    return table
+
+
 def render_metric(metric: dict) -> str:
     q, h = metric["queries"], metric["hits"]
     line = (f"vLLM's prefix-cache metric would read {h:,} hits of {q:,} queried tokens ({h / q:.1%}), the hits above: "

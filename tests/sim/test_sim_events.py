@@ -94,6 +94,12 @@ def test_bad_messages_are_named_and_skipped(kv):
         ev.decode_message(good[:2], "m")
     mismatch = [b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": [1, 2, 3], "block_size": 4}]])]
     assert "2 block hashes of 4 tokens but 3 token ids" in ev.decode_message(mismatch, "m")[1][0]
+    # a sliding-window group's: the tokens of the blocks the call covered, the hashes of those it cached
+    sliding = [b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": list(range(8)), "block_size": 4, "group_idx": 1}]])]
+    batch, problems = ev.decode_message(sliding, "m")
+    assert problems == [] and batch.events[0].block_hashes == [1] and batch.events[0].group_idx == 1
+    fewer = [b"", (0).to_bytes(8, "big"), msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1, 2, 3], "parent_block_hash": None, "token_ids": list(range(8)), "block_size": 4}]])]
+    assert "3 block hashes of 4 tokens but 8 token ids" in ev.decode_message(fewer, "m")[1][0]
 
 
 def test_sequence_gaps_are_reported_and_reading_goes_on(kv):
