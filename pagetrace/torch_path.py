@@ -12,6 +12,11 @@ than the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md);
 score rows (kv_heads x query rows x keys, fp32) are sequence-sized. The kept buffers stay
 with the thread: up to `SCRATCH_BYTES` for each of five names, per dtype and device.
 
+The weights are normalised after the value product, as FlashAttention and the kernel do:
+out = (sum_j e_j v_j) / sum_j e_j with e_j = exp(s_j - max s). Rows of equal scores over
+equal values then give those values exactly (FlashInfer's extreme-logits test: 1.0 at zero
+tolerance), where the sum of n rounded 1/n would not.
+
 Like the kernel, this path computes no gradient: it runs under `torch.no_grad()`.
 
 A long prefill would need a q_len x seq_len score matrix per head; past `SCORES_BYTES`
@@ -186,7 +191,10 @@ def _chunked(q, key_cache, value_cache, table, n, batch: Batch, layout, scale, s
     if q_len > 1 or sliding_window is not None:
         state = mask_states(n, q_len, sliding_window, device=q.device)[:, base:]
         s = s.masked_fill((state != VISIBLE)[None, :, None, :], float("-inf"))
-    weights = torch.softmax(s, dim=-1).view(kv, rows, width)
+    # unnormalised weights, divided out after the value product (see the module doc);
+    # the row's top score is finite: key p is always visible to query p
+    weights = torch.exp(s - s.amax(-1, keepdim=True)).view(kv, rows, width)
+    total = weights.sum(-1, keepdim=True)
     acc = torch.zeros(kv, rows, head_dim, dtype=torch.float32, device=q.device)
     if form == "blocks":  # weights of whole blocks, 0 for the last block's unwritten slots
         padded = torch.zeros(kv, rows, full, dtype=torch.float32, device=q.device)
@@ -201,4 +209,5 @@ def _chunked(q, key_cache, value_cache, table, n, batch: Batch, layout, scale, s
             nb = v.shape[0]
             w = padded[:, :, start : start + nb * bs].view(kv, rows, nb, bs).permute(2, 0, 1, 3)
             acc += torch.matmul(w, v, out=products[:nb]).sum(0)
+    acc /= total
     return acc.view(kv, q_len, group, head_dim).permute(1, 0, 2, 3).reshape(q_len, num_heads, head_dim)
