@@ -10,7 +10,8 @@ stored); see `_Reader`. Compared with gathering the whole sequence and calling S
 never copies a sequence's keys or values into fresh memory, which on these CPUs costs more
 than the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md); only the
 score rows (kv_heads x query rows x keys, fp32) are sequence-sized. The kept buffers stay
-with the thread: up to `SCRATCH_BYTES` for each of five names, per dtype and device.
+with the thread: one for each of five names per device, each at most `SCRATCH_BYTES`, so a
+thread keeps at most `KEPT_BYTES` (80 MiB) per device whatever shapes and dtypes it runs.
 
 The weights are normalised after the value product, as FlashAttention and the kernel do:
 out = (sum_j e_j v_j) / sum_j e_j with e_j = exp(s_j - max s). Rows of equal scores over
@@ -69,6 +70,8 @@ def _attention(query, key_cache, value_cache, tables, batch, layout, scale, slid
 
 
 SCRATCH_BYTES = 16 << 20  # the largest buffer a thread keeps between calls
+SCRATCH_NAMES = ("gathered", "work", "scores", "part", "products")
+KEPT_BYTES = len(SCRATCH_NAMES) * SCRATCH_BYTES  # the most a thread keeps per device
 _kept = threading.local()
 
 
@@ -79,15 +82,23 @@ def _scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) ->
     its pages in cost more than the copy into it (about 1,200 page faults and 1-2 ms a 4k
     decode, bench/README.md). Buffers over `SCRATCH_BYTES` are not kept. Nothing the caller
     gets back ever points into one of these.
+
+    One byte buffer is kept per (name, device), viewed as the dtype asked for, and grows
+    only up to `SCRATCH_BYTES`: at most `KEPT_BYTES` per thread and device. It is made
+    outside inference mode even when the call runs inside it (vLLM runs attention under
+    torch.inference_mode()): an inference tensor could not be written by a later call
+    outside that mode, while a normal tensor may be written in either.
     """
-    if numel * dtype.itemsize > SCRATCH_BYTES:
+    nbytes = numel * dtype.itemsize
+    if nbytes > SCRATCH_BYTES:
         return torch.empty(numel, dtype=dtype, device=device)
     kept = _kept.__dict__.setdefault("buffers", {})
-    key = (name, dtype, device)
+    key = (name, torch.device(device))
     buffer = kept.get(key)
-    if buffer is None or buffer.numel() < numel:
-        buffer = kept[key] = torch.empty(numel, dtype=dtype, device=device)
-    return buffer[:numel]
+    if buffer is None or buffer.numel() < nbytes:
+        with torch.inference_mode(False):
+            buffer = kept[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer[:nbytes].view(dtype)
 
 
 class _Reader:

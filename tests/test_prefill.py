@@ -332,3 +332,34 @@ def test_trace_never_changes_the_torch_backend_output(layout):
     traced, _ = paged_attention(**args, layout=layout, sliding_window=9, backend="torch", trace=True)
     assert torch.equal(plain, traced)
 
+
+def test_torch_backend_in_and_out_of_inference_mode():
+    """vLLM and its tests call attention under torch.inference_mode(); a call there and then
+    one outside it (and back, in any order) must work and agree with the reference."""
+    seq_lens, q_lens = [20, 7], [1, 3]
+    args, keys, values, _ = build(seq_lens, q_lens, block_size=3, layout="hnd")
+    want, _, _ = reference(args["query"].cpu(), keys, values, seq_lens, q_lens, 16**-0.5)
+    for mode in ("inference", "plain", "no_grad", "inference", "inference", "plain", "plain"):
+        context = {"inference": torch.inference_mode, "no_grad": torch.no_grad}.get(mode, torch.enable_grad)
+        with context():
+            out = paged_attention(**args, layout="hnd", backend="torch")
+        assert_close_to(out, want, TOL["fp32"])
+    # a caller's out= buffer made outside inference mode, the call inside it
+    out = torch.empty_like(args["query"])
+    with torch.inference_mode():
+        paged_attention(**args, layout="hnd", backend="torch", out=out)
+    assert_close_to(out, want, TOL["fp32"])
+
+
+def test_torch_backend_scratch_stays_bounded_across_shapes():
+    """However many shapes a thread runs, the buffers it keeps hold at most
+    `torch_path.KEPT_BYTES` (the documented bound), in and out of inference mode."""
+    torch_path._kept.__dict__.clear()
+    for i, (n, heads, head_dim) in enumerate([(40, 4, 16), (400, 8, 64), (3000, 8, 128), (64, 2, 32), (9000, 16, 128)]):
+        args, _, _, _ = build([n], [1], block_size=16, heads=heads, kv_heads=heads // 2, head_dim=head_dim, layout="hnd")
+        with torch.inference_mode() if i % 2 else torch.no_grad():
+            paged_attention(**args, layout="hnd", backend="torch")
+        kept = torch_path._kept.__dict__.get("buffers", {})
+        total = sum(b.numel() * b.element_size() for b in kept.values())
+        assert total <= torch_path.KEPT_BYTES, total
+        assert not any(b.is_inference() for b in kept.values())
