@@ -64,12 +64,14 @@ def test_same_step_request_shares_the_block_another_just_filled():
     assert b.num_cached_tokens == 16 and result.tables_at[0]["a"][0] == result.tables_at[0]["b"][0]
 
 
+@pytest.mark.parametrize("outputs", [14, 7])
 @pytest.mark.parametrize("cruise", [True, False])
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])
-def test_block_filled_while_decoding_is_reread_by_a_later_identical_prompt(cruise, policy, monkeypatch):
-    """A 10-token prompt decodes 14 tokens: its first block (10 prompt + 6 output tokens)
-    fills while decoding (vLLM hashes it on the decode fast path or in the cruising batch).
-    A later prompt of exactly those 16 tokens and 4 more hits the block."""
+def test_block_filled_while_decoding_is_reread_by_a_later_identical_prompt(outputs, cruise, policy, monkeypatch):
+    """A 10-token prompt decodes: its first block (10 prompt + 6 output tokens) fills while
+    decoding (vLLM hashes it on the decode fast path or in the cruising batch). With 7
+    outputs the request stores its 16th and last token in that step and finishes. A later
+    prompt of exactly those 16 tokens and 4 more hits the block."""
     from pagetrace.sim import scheduler as sched_mod
 
     if not cruise:
@@ -80,7 +82,7 @@ def test_block_filled_while_decoding_is_reread_by_a_later_identical_prompt(cruis
             return step(self)
 
         monkeypatch.setattr(sched_mod.Scheduler, "step", slow_step)
-    prompt, output = ids(0, 10), ids(500, 14)
+    prompt, output = ids(0, 10), ids(500, outputs)
     a = SimRequest("a", prompt, output)
     b = SimRequest("b", prompt + output[:6] + ids(800, 4), [1], arrival=30)
     c = SimRequest("c", prompt + output[:5] + ids(800, 5), [1], arrival=40)  # one token short of the block
