@@ -108,11 +108,19 @@ class Checker:
         return ok
 
     def visible(self, r: int, logical: int) -> bool:
-        """Whether the request's last token attends to any token of this logical block."""
+        """Whether any of the request's new tokens attends to a token of this logical block.
+
+        With a window w the first new token, at p = seq_len - query_len, sees the most:
+        keys p - w + 1..p. vLLM frees blocks by that token's window too (the next token to
+        compute: vllm/v1/core/single_type_kv_cache_manager.py
+        `SlidingWindowManager.get_num_skipped_tokens`, num_computed_tokens - w + 1 skipped).
+        A request without new tokens is judged by its last token's window."""
         window = self.m.sliding_window
         if window is None:
             return True
-        return (logical + 1) * self.m.block_size > self.s.seq_lens[r] - window
+        qsl = self.s.query_start_loc
+        first = self.s.seq_lens[r] - max(qsl[r + 1] - qsl[r], 1)
+        return (logical + 1) * self.m.block_size > first - window + 1
 
     def tables(self) -> None:
         s, bs = self.s, self.m.block_size
