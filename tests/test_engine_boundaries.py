@@ -190,8 +190,6 @@ def test_one_kv_head_reads_back_what_the_engine_wrote(name, bs, dims):
         verify(key, value, raw, name)
         # an engine's own view of a one-head cache may give the head axis any stride
         # (unsqueeze, or a reshape that drops it): the check looks only at axes longer than 1
-        odd = key.squeeze(2).unsqueeze(2)
-        assert odd.stride(2) != key.stride(2) or odd.stride(2) == key.stride(2)
         kbuf = raw if LAYOUTS[name].combined else raw[0]
         geom = geometry(name, 6, bs, 1, dims, "fp32")
         shape, strides = key.shape, list(key.stride())
