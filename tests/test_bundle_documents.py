@@ -1,0 +1,233 @@
+"""The documents the bundle tools write and print, field by field: the manifest and step
+tensors `export.write_bundle` writes, the violation records of `check`, the addresses of
+`lookup --from`. A user's script reads these fields; each one is pinned here against a
+value computed in this file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import assert_usage_error, cli
+from safetensors.torch import load_file
+from test_engines import edit_step, engine_buffer, write_bundle as hand_bundle
+
+from pagetrace.engines import flashinfer, sglang
+from pagetrace.engines.export import write_bundle
+from pagetrace.engines.views import verify, as_tensors
+from pagetrace.errors import UsageError
+from pagetrace.layouts import make_geometry
+
+NB, BS, H, D = 6, 4, 2, 8
+
+
+def cache(layout="flashinfer", seed=0):
+    torch.manual_seed(seed)
+    return engine_buffer(layout, torch.randn(NB, BS, H, D), torch.randn(NB, BS, H, D))
+
+
+def test_export_writes_the_documented_manifest_and_step_tensors(tmp_path):
+    raw = cache("flashinfer")
+    tables, lens, qlens = [[2, 0], [5]], [6, 3], [2, 1]  # request 0's second block is block 0: stored like any other
+    path = write_bundle(tmp_path / "b", engine="mine", layout="flashinfer", cache=raw, block_size=BS, num_heads=4,
+                        tables=tables, seq_lens=lens, query_lens=qlens, engine_version="1.2")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert {k: manifest[k] for k in ("engine", "model", "kv_cache", "attention", "layers")} == {
+        "engine": {"name": "mine", "version": "1.2"},
+        "model": {"num_layers": 1, "num_heads": 4, "num_kv_heads": H, "head_dim": D},
+        "kv_cache": {"dtype": "fp32", "layout": "flashinfer", "block_size": BS, "num_blocks": NB, "null_block": None,
+                     "table_padding": 0, "slot_padding": -1, "sharing": "full-blocks"},
+        "attention": {"scale": D**-0.5, "causal": True, "sliding_window": None},
+        "layers": [{"index": 0, "name": "layer0"}],
+    }
+    t = load_file(str(path / "step-0000.safetensors"))
+    assert {n: (t[n].dtype, t[n].tolist()) for n in ("query_start_loc", "seq_lens", "block_table", "block_counts", "slot_mapping", "positions", "blocks")} == {
+        "query_start_loc": (torch.int32, [0, 2, 3]),
+        "seq_lens": (torch.int32, [6, 3]),
+        "block_table": (torch.int32, [[2, 0], [5, 0]]),  # padded with table_padding 0
+        "block_counts": (torch.int32, [2, 1]),
+        "slot_mapping": (torch.int64, [0 * BS + 0, 0 * BS + 1, 5 * BS + 2]),  # positions 4, 5 on block 0; 2 on block 5
+        "positions": (torch.int64, [4, 5, 2]),
+        "blocks": (torch.int64, [0, 2, 5]),
+    }
+    assert torch.equal(t["layer0.kv"], raw.index_select(0, torch.tensor([0, 2, 5])))
+    path = write_bundle(tmp_path / "s", engine="mine", layout="flashinfer", cache=raw, block_size=BS, num_heads=4, tables=[[1]],
+                        seq_lens=[1], scale=0.5, sliding_window=7)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["attention"] == {"scale": 0.5, "causal": True, "sliding_window": 7}
+
+
+def test_export_stores_the_blocks_slots_name_even_past_the_tables():
+    """A slot_mapping entry on block 0 (a padded token written to the null block's slot 0)
+    stores block 0; a table entry equal to num_blocks is outside the pool, not stored."""
+    import tempfile
+    from pathlib import Path
+
+    raw = cache("flashinfer")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_bundle(Path(tmp) / "b", engine="mine", layout="flashinfer", cache=raw, block_size=BS, num_heads=4,
+                            tables=[[3, NB]], seq_lens=[6], slot_mapping=[0])
+        assert load_file(str(path / "step-0000.safetensors"))["blocks"].tolist() == [0, 3]
+
+
+def test_export_refusals_name_the_argument(tmp_path):
+    raw = cache("flashinfer")
+    common = dict(engine="mine", block_size=BS, num_heads=4, tables=[[1]], seq_lens=[1])
+
+    def message(**kwargs):
+        with pytest.raises(UsageError) as caught:
+            write_bundle(tmp_path / "x", **{**common, **kwargs})
+        return str(caught.value)
+
+    assert message(layout="flashinferx", cache=raw).startswith("invalid value for layout: 'flashinferx': choose one of ")
+    assert message(layout="flashinfer", cache=raw, sharing="some") == (
+        "invalid value for sharing: 'some': choose one of none, full-blocks")
+    assert message(layout="flashinfer", cache=raw.double()) == (
+        "invalid value for cache: 'torch.float64': a bundle stores torch.float32, torch.float16, torch.bfloat16")
+    assert message(layout="flashinfer", cache=raw[:, :1]) == (
+        f"invalid value for cache: {(NB, 1, BS, H, D)}: is not a 'flashinfer' buffer ([num_blocks, 2, block_size, num_kv_heads, "
+        f"head_dim], K and V in one tensor) with block size {BS}")
+
+
+def test_export_finds_the_heads_of_every_layout(tmp_path):
+    for layout in ("flashinfer", "vllm-cpu", "nhd", "flash-hnd"):
+        raw = cache(layout)
+        path = write_bundle(tmp_path / layout, engine="mine", layout=layout, cache=raw, block_size=BS, num_heads=4, tables=[[1]], seq_lens=[1])
+        model = json.loads((path / "manifest.json").read_text())["model"]
+        assert (model["num_kv_heads"], model["head_dim"]) == (H, D), layout
+
+
+def test_engine_writers_pass_output_and_options_through(tmp_path):
+    torch.manual_seed(0)
+    k, v = torch.randn(NB, BS, H, D), torch.randn(NB, BS, H, D)
+    q, out = torch.randn(1, 4, D), torch.randn(1, 4, D)
+    for as_tuple in (False, True):
+        paged = (k, v) if as_tuple else torch.stack([k, v], dim=1).contiguous()
+        path = flashinfer.write_bundle(tmp_path / f"fi{as_tuple}", [0, 2], [3, 1], [2], paged, kv_layout="NHD", page_size=BS,
+                                       num_qo_heads=4, query=q, output=out, sliding_window=5)
+        manifest = json.loads((path / "manifest.json").read_text())
+        assert manifest["kv_cache"]["layout"] == ("nhd" if as_tuple else "flashinfer") and manifest["attention"]["sliding_window"] == 5
+        assert manifest["engine"]["name"] == "flashinfer"
+        assert torch.equal(load_file(str(path / "step-0000.safetensors"))["layer0.output"], out)
+    k_buffer = torch.randn(8, H, D)
+    req_to_token = torch.zeros(2, 8, dtype=torch.int32)
+    req_to_token[0, :2] = torch.tensor([3, 4])
+    path = sglang.write_bundle(tmp_path / "sg", req_to_token, [0], [2], k_buffer, k_buffer, num_heads=4, sliding_window=2)
+    assert json.loads((path / "manifest.json").read_text())["attention"]["sliding_window"] == 2
+
+
+def test_verify_takes_any_float_dtype_and_names_the_layout_of_a_wrong_view():
+    k, v = torch.randn(NB, BS, H, D, dtype=torch.float64), torch.randn(NB, BS, H, D, dtype=torch.float64)
+    got_k, got_v = verify(k, v, (k, v), "nhd")
+    assert got_k.element_size == 8 and got_v.strides == (BS * H * D, H * D, D, 1)
+    raw = cache("vllm-cpu")
+    key, value = as_tensors(raw, "vllm-cpu", BS, H, D)
+    with pytest.raises(UsageError, match="the 'vllm-hnd' layout has"):
+        verify(key, value, raw, "vllm-hnd")
+
+
+# -- check's violation records --------------------------------------------------------------
+
+def violations(capsys, path, *extra):
+    code, out, err = cli(capsys, "check", str(path), "--json", *extra)
+    return code, json.loads(out)["steps"][0]["violations"]
+
+
+def test_violation_records_carry_step_slot_byte_and_layer(tmp_path, capsys):
+    """The hand bundle (vllm-cpu, 6 blocks of 4, 2 KV heads, head_dim 8): a key's element 0 of
+    KV head 0 at (block b, slot s) is element b * H * BS * 2D + s (K column-major in its page)."""
+    path = hand_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t["positions"].__setitem__(3, 7))  # request a's token 3 claims position 7
+    code, found = violations(capsys, path, "--no-data")
+    v = next(v for v in found if v["check"] == "position")
+    assert {k: v[k] for k in ("step", "request", "token", "logical_block", "physical_block", "slot", "byte", "layer")} == {
+        "step": 0, "request": "a", "token": 3, "logical_block": 0, "physical_block": 3, "slot": 3 * BS + 3,
+        "byte": (3 * H * BS * 2 * D + 3) * 4, "layer": None}
+    path = hand_bundle(tmp_path / "c")
+    edit_step(path, lambda t: t["block_table"].__setitem__((1, 1), NB))  # b's logical block 1 on block 6 of 0..5
+    code, found = violations(capsys, path, "--no-data")
+    pool = next(v for v in found if v["check"] == "pool")
+    assert (pool["physical_block"], pool["slot"], pool["byte"], pool["token"]) == (NB, NB * BS, None, 4)
+    path = hand_bundle(tmp_path / "d", "vllm-cpu")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["kv_cache"]["layout"] = "vllm-hnd"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    code, found = violations(capsys, path)
+    assert found and all(v["check"] == "data" and v["layer"] == 0 and v["step"] == 0 for v in found)
+
+
+def test_a_position_past_a_short_table_is_reported_not_crashed_on(tmp_path, capsys):
+    """seq_len 9 needs 3 blocks of 4, the row has 2: the capacity violation, and a wrong
+    position for the token in the missing block (logical block 2 = the row's length)."""
+    raw = cache("flashinfer")
+    path = write_bundle(tmp_path / "b", engine="mine", layout="flashinfer", cache=raw, block_size=BS, num_heads=4,
+                        tables=[[3, 5]], seq_lens=[9], slot_mapping=[5 * BS])
+    edit_step(path, lambda t: t["positions"].__setitem__(0, 3))
+    code, found = violations(capsys, path, "--no-data")
+    assert code == 1 and {v["check"] for v in found} == {"capacity", "position"}, found
+    position = next(v for v in found if v["check"] == "position")
+    assert (position["token"], position["logical_block"], position["physical_block"], position["slot"]) == (8, 2, None, None)
+
+
+def test_a_decode_and_a_chunk_with_a_window_each_judged_by_their_own_first_token(tmp_path, capsys):
+    """Window 3, block size 4. Request 0 decodes at position 4; request 1 has 3 new tokens at
+    8-10, the first seeing 6-8: its logical block 1 (tokens 4-7) on the null block is wrong."""
+    raw = cache("flashinfer")
+    path = write_bundle(tmp_path / "w", engine="mine", layout="flashinfer", cache=raw, block_size=BS, num_heads=4,
+                        tables=[[3, 5], [1, 0, 2]], seq_lens=[5, 11], query_lens=[1, 3], null_block=0, sliding_window=3)
+    code, found = violations(capsys, path, "--no-data")
+    assert [(v["check"], v["request"], v["logical_block"]) for v in found] == [("null", "1", 1)], found
+
+
+# -- lookup --from ----------------------------------------------------------------------------
+
+def test_lookup_from_the_first_token_the_last_head_and_block_zero(tmp_path, capsys):
+    """FlashInfer has no null block: page 0 is a page like any other."""
+    raw = cache("flashinfer")
+    path = flashinfer.write_bundle(tmp_path / "fi", [0, 2], [0, NB - 1], [3], raw, kv_layout="NHD", page_size=BS, num_qo_heads=4)
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", "0", "--head", str(H - 1), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    geom = make_geometry("flashinfer", NB, BS, H, D, "fp32")
+    assert (doc["bundle"], doc["physical_block"], doc["slot"], doc["head"]) == (str(path), 0, 0, H - 1)
+    for which, kv in (("key", 0), ("value", 1)):
+        a = doc[which]
+        first = geom.element(which, 0, 0, H - 1, 0)
+        assert (a["which"], a["buffer"], a["formula"]) == (which, "kv", geom.formula(which))
+        assert a["element_offset"] == first == ((0 * 2 + kv) * BS * H + H - 1) * D
+        assert a["last_byte"] == (first + D - 1) * 4 + 3
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", str(BS + 2))
+    assert code == 0 and f"physical block = block_table[1] = {NB - 1}" in out, err
+    assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", str(BS + 3)), "--token")
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", str(BS + 3))
+    assert f"request 0 holds tokens 0..{BS + 2} in step 0" in err
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", "0", "--head", str(H))
+    assert code == 2 and f"invalid value for --head: {H}: the cache has KV heads 0..{H - 1}" in err, err
+    assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", "-1"), "--token")
+    assert_usage_error(cli(capsys, "lookup", "--from", str(path), "--request", "0", "--token", "0", "--head", "-1"), "--head")
+
+
+def test_lookup_from_a_table_entry_exactly_at_num_blocks_is_refused(tmp_path, capsys):
+    path = hand_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t["block_table"].__setitem__((1, 1), NB))
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "5")
+    assert code == 1 and f"= {NB} is outside the pool of {NB} blocks in step 0" in err, err
+
+
+def test_lookup_from_prints_both_vectors(tmp_path, capsys):
+    path = hand_bundle(tmp_path / "b")
+    code, out, err = cli(capsys, "lookup", "--from", str(path), "--request", "b", "--token", "6")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("hand request b token 6 (step 0, 10 tokens) · layout vllm-cpu ")
+    assert any(line.lstrip().startswith("key (KV head 0) at element") for line in lines)
+    assert any(line.lstrip().startswith("value (KV head 0) at element") for line in lines)
+
+
+def test_replay_refused_without_a_query_lists_no_violations(tmp_path, capsys):
+    path = hand_bundle(tmp_path / "b")
+    edit_step(path, lambda t: t.pop("layer0.query"))
+    code, out, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["passed"] is False and doc["violations"] == [] and "stored no query" in doc["error"], doc
