@@ -231,3 +231,85 @@ def test_replay_refused_without_a_query_lists_no_violations(tmp_path, capsys):
     code, out, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
     doc = json.loads(out)
     assert code == 1 and doc["passed"] is False and doc["violations"] == [] and "stored no query" in doc["error"], doc
+
+
+def test_data_violations_name_the_request_token_slot_and_which(tmp_path, capsys):
+    """The hand bundle: request a's new tokens 0-10, then b's token 9 (table [3, 5, 4]: slot 4 x 4 + 1 = 17)."""
+    path = hand_bundle(tmp_path / "b")
+
+    def corrupt(t):
+        t["layer0.new_value"][11] += 1.0  # b's token 9: its value one off everywhere
+        t["layer0.new_key"][3, 0, 0] += 2.0  # a's token 3 (block 3, slot 12 + 3): its key, in one element
+
+    edit_step(path, corrupt)
+    code, found = violations(capsys, path)
+    records = [{k: v[k] for k in ("check", "request", "token", "logical_block", "physical_block", "slot", "layer", "message")} for v in found]
+    assert code == 1 and records == [
+        {"check": "data", "request": "a", "token": 3, "logical_block": 0, "physical_block": 3, "slot": 15, "layer": 0,
+         "message": "layer 0: the key written for this token is not at slot 15 through the 'vllm-cpu' layout (max |diff| 2)"},
+        {"check": "data", "request": "b", "token": 9, "logical_block": 2, "physical_block": 4, "slot": 17, "layer": 0,
+         "message": "layer 0: the value written for this token is not at slot 17 through the 'vllm-cpu' layout (max |diff| 1)"},
+    ], records
+
+
+def test_a_token_written_to_slot_zero_is_checked(tmp_path, capsys):
+    """FlashInfer has no null block: a new token at slot 0 (page 0, offset 0) is read back too."""
+    torch.manual_seed(0)
+    k, v = torch.randn(NB, BS, H, D), torch.randn(NB, BS, H, D)
+    raw = torch.stack([k, v], dim=1).contiguous()
+    path = write_bundle(tmp_path / "b", engine="flashinfer", layout="flashinfer", cache=raw, block_size=BS, num_heads=4,
+                        tables=[[0]], seq_lens=[1])
+
+    def add_new(t):
+        t["layer0.new_key"] = k[0, 0][None].clone() + 1  # not what is at slot 0
+        t["layer0.new_value"] = v[0, 0][None].clone()
+
+    edit_step(path, add_new)
+    code, found = violations(capsys, path)
+    assert code == 1 and [(v["check"], v["slot"], v["token"]) for v in found] == [("data", 0, 0)], found
+
+
+def test_replay_json_rows_block_mass_and_fields(tmp_path, capsys):
+    """Request b (10 tokens, table [3, 5, 4]) is shorter than a (11): its traced token 9's
+    rows are tokens 0-9 and the mass of its last block counts tokens 8 and 9 only."""
+    path = hand_bundle(tmp_path / "b")
+    code, out, err = cli(capsys, "replay", str(path), "--request", "b", "--backend", "torch", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["bundle"], doc["layer"], doc["backend"], doc["dtype"], doc["passed"]) == (str(path), 0, "torch", "fp32", True)
+    assert [(r["request"], r["new_tokens"], r["seq_len"], r["block_table"], r["passed"]) for r in doc["requests"]] == [
+        ("a", 11, 11, [3, 5, 1], True), ("b", 1, 10, [3, 5, 4], True)]
+    assert all(r["max_diff_contiguous"] < 1e-5 and r["max_diff_engine"] < 1e-5 for r in doc["requests"])
+    traced = doc["traced"]
+    assert (traced["request"], traced["token"]) == ("b", 9)
+    table = [3, 5, 4]
+    assert [(r["token"], r["logical_block"], r["offset"], r["physical_block"], r["slot"], r["refcount"]) for r in traced["tokens"]] == [
+        (t, t // BS, t % BS, table[t // BS], table[t // BS] * BS + t % BS, 2 if t < 8 else 1) for t in range(10)]
+    weights = [r["weight"] for r in traced["tokens"]]
+    assert sum(weights) == pytest.approx(1, abs=1e-5)
+    from pagetrace.engines.bundle import read_layer, read_manifest, read_step
+    from pagetrace.engines.replay import replay_layer, summarize
+
+    manifest = read_manifest(path)
+    st = read_step(path, manifest, None)
+    summary = summarize(manifest, st, replay_layer(manifest, st, read_layer(manifest, st, 0), backend="torch"), 1, 9)
+    assert summary.block_mass == pytest.approx([sum(weights[0:4]), sum(weights[4:8]), sum(weights[8:10])], abs=1e-6)
+    edit_step(path, lambda t: t.pop("layer0.output"))
+    code, out, err = cli(capsys, "replay", str(path), "--request", "a", "--token", "9", "--backend", "torch", "--json")
+    doc = json.loads(out)
+    assert code == 0 and all(r["max_diff_engine"] is None for r in doc["requests"]) and doc["traced"]["token"] == 9
+
+
+def test_replay_uses_the_manifests_scale_and_a_query_of_another_dtype(tmp_path, capsys):
+    """Scale 0.5 (not 1/sqrt(head_dim)); a bf16 cache with the query stored in fp32."""
+    torch.manual_seed(0)
+    k, v = torch.randn(NB, BS, H, D).bfloat16(), torch.randn(NB, BS, H, D).bfloat16()
+    q = torch.randn(1, 4, D) * 2
+    kk = torch.stack([k[3, t] for t in range(3)]).float().repeat_interleave(2, dim=1)
+    vv = torch.stack([v[3, t] for t in range(3)]).float().repeat_interleave(2, dim=1)
+    out = torch.einsum("ht,thd->hd", torch.softmax(torch.einsum("hd,thd->ht", q[0].bfloat16().float(), kk) * 0.5, -1), vv)[None]
+    path = write_bundle(tmp_path / "b", engine="mine", layout="nhd", cache=(k, v), block_size=BS, num_heads=4, tables=[[3]],
+                        seq_lens=[3], query=q, output=out, scale=0.5)
+    code, out_text, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
+    doc = json.loads(out_text)
+    assert code == 0 and doc["passed"] and doc["dtype"] == "bf16", doc
