@@ -42,7 +42,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["pagetrace/engines/address.py", "pagetrace/engines/bundle.py", "pagetrace/engines/check.py",
          "pagetrace/engines/export.py", "pagetrace/engines/flashinfer.py", "pagetrace/engines/replay.py",
          "pagetrace/engines/sglang.py", "pagetrace/engines/views.py"],
-        ["tests/test_engines.py", "tests/test_engine_boundaries.py", "tests/test_engine_errors.py"],
+        ["tests/test_engines.py", "tests/test_engine_boundaries.py", "tests/test_engine_errors.py", "tests/test_bundle_documents.py"],
     ),
     "sim": (
         ["pagetrace/sim/baselines.py", "pagetrace/sim/blockpool.py", "pagetrace/sim/causes.py", "pagetrace/sim/cruise.py",

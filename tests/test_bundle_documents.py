@@ -313,3 +313,88 @@ def test_replay_uses_the_manifests_scale_and_a_query_of_another_dtype(tmp_path, 
     code, out_text, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
     doc = json.loads(out_text)
     assert code == 0 and doc["passed"] and doc["dtype"] == "bf16", doc
+
+
+# every check's record, word for word: the hand bundle (vllm-cpu, blocks of 4, tables a [3, 5, 1], b [3, 5, 4];
+# a prefills tokens 0-10 (rows 0-10), b decodes token 9 (row 11) at slot 4 x 4 + 1 = 17). A key's element 0 of
+# KV head 0 at slot s lies at element (s // 4) x 128 + s % 4: byte 4 x that.
+def byte_of(slot):
+    return (slot // BS * H * BS * 2 * D + slot % BS) * 4
+
+
+FIELDS = ("check", "request", "token", "logical_block", "physical_block", "slot", "byte", "message")
+RECORDS = {
+    "query_start_loc starts at 1": (lambda t: t["query_start_loc"].__setitem__(0, 1), [
+        ("query", None, None, None, None, None, None, "query_start_loc starts at 1, not 0")]),
+    "query_start_loc decreases": (lambda t: t["query_start_loc"].__setitem__(1, 13), [
+        ("query", "a", None, None, None, None, None, "13 new tokens but seq_len 11"),
+        ("query", "b", None, None, None, None, None, "query_start_loc decreases at request 1: 13 then 12")]),
+    "more new tokens than tokens": (lambda t: t.update(query_start_loc=torch.tensor([0, 1, 12], dtype=torch.int32)), [
+        ("query", "b", None, None, None, None, None, "11 new tokens but seq_len 10")]),
+    "a padding row writes": (lambda t: t["slot_mapping"].__setitem__(12, 7), [
+        ("query", None, None, None, None, 7, byte_of(7), "slot_mapping[12] = 7 past the 12 real tokens; padding is -1")]),
+    "a short block count": (lambda t: t["block_counts"].__setitem__(0, 2), [
+        ("capacity", "a", 10, 2, -1, None, None, "seq_len 11 needs 3 blocks of 4; the row has 4 entries, 2 counted")]),
+    "an entry past the pool": (lambda t: t["block_table"].__setitem__((1, 1), 6), [
+        ("pool", "b", 4, 1, 6, 24, None, "logical block 1 maps to physical block 6, outside the pool 0..5")]),
+    "a block not stored": (lambda t: t["block_table"].__setitem__((1, 2), 2), [
+        ("stored", "b", 8, 2, 2, 8, byte_of(8), "logical block 2 maps to physical block 2, whose page the bundle did not store"),
+        ("slot", "b", 9, 2, 2, 17, byte_of(17), "slot_mapping[11] = 17; block table gives 2 x 4 + 1 = 9")]),
+    "a wrong slot": (lambda t: t["slot_mapping"].__setitem__(11, 18), [
+        ("slot", "b", 9, 2, 4, 18, byte_of(18), "slot_mapping[11] = 18; block table gives 4 x 4 + 1 = 17")]),
+    "two writers": (lambda t: t["slot_mapping"].__setitem__(11, 20), [
+        ("slot", "b", 9, 2, 4, 20, byte_of(20), "slot_mapping[11] = 20; block table gives 4 x 4 + 1 = 17"),
+        ("collision", "b", 9, 2, 5, 20, byte_of(20), "slot 20 is written by request a token 4 too")]),
+    "one block twice in a table": (lambda t: t["block_table"].__setitem__((1, 2), 3), [
+        ("slot", "b", 9, 2, 3, 17, byte_of(17), "slot_mapping[11] = 17; block table gives 3 x 4 + 1 = 13"),
+        ("sharing", "b", 8, 2, 3, 12, byte_of(12), "physical block 3 is logical blocks 0 and 2 of one request")]),
+    "a partial block shared": (lambda t: t["block_table"].__setitem__((1, 2), 1), [
+        ("slot", "b", 9, 2, 1, 17, byte_of(17), "slot_mapping[11] = 17; block table gives 1 x 4 + 1 = 5"),
+        ("sharing", "a", 8, 2, 1, 4, byte_of(4), "physical block 1 is logical block 2 of request b and 2 of request a: only full "
+         "blocks are shared, and request a fills 3 of 4 slots"),
+        ("sharing", "b", 8, 2, 1, 4, byte_of(4), "physical block 1 is logical block 2 of request b and 2 of request a: only full "
+         "blocks are shared, and request b fills 2 of 4 slots")]),
+    "shared at another logical block": (lambda t: t["block_table"].__setitem__((1, 1), 3), [
+        ("sharing", "b", 4, 1, 3, 12, byte_of(12), "physical block 3 is logical blocks 0 and 1 of one request")]),
+}
+
+
+@pytest.mark.parametrize("fault", list(RECORDS))
+def test_each_checks_record_word_for_word(tmp_path, capsys, fault):
+    edit, want = RECORDS[fault]
+    path = hand_bundle(tmp_path / "b")
+    edit_step(path, edit)
+    code, found = violations(capsys, path, "--no-data")
+    got = [tuple(v[k] for k in FIELDS) for v in found]
+    assert code == 1 and got == want, got
+    assert all(v["step"] == 0 and v["layer"] is None for v in found)
+
+
+def test_sharing_with_an_engine_that_shares_nothing_and_across_logical_blocks(tmp_path, capsys):
+    path = hand_bundle(tmp_path / "b", sharing="none")
+    code, found = violations(capsys, path, "--no-data")
+    assert [tuple(v[k] for k in FIELDS) for v in found] == [
+        ("sharing", "b", 0, 0, 3, 12, byte_of(12), "physical block 3 is logical block 0 of request b and 0 of request a, but this engine shares no blocks (no prefix caching)"),
+        ("sharing", "b", 4, 1, 5, 20, byte_of(20), "physical block 5 is logical block 1 of request b and 1 of request a, but this engine shares no blocks (no prefix caching)")]
+    path = hand_bundle(tmp_path / "c")
+    edit_step(path, lambda t: (t["block_table"].__setitem__((1, 0), 5), t["block_table"].__setitem__((1, 1), 3)))
+    code, found = violations(capsys, path, "--no-data")
+    sharing = [tuple(v[k] for k in FIELDS) for v in found if v["check"] == "sharing"]
+    assert sharing == [
+        ("sharing", "b", 4, 1, 3, 12, byte_of(12), "physical block 3 is logical block 1 of request b and 0 of request a: a prefix-cached block is the same logical block in every request"),
+        ("sharing", "b", 0, 0, 5, 20, byte_of(20), "physical block 5 is logical block 0 of request b and 1 of request a: a prefix-cached block is the same logical block in every request")], sharing
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("query_start_loc decreases", "step 0: request a: 13 new tokens but seq_len 11 (and 1 more); `pagetrace check` lists every violation"),
+    ("query_start_loc starts at 1", "step 0: query_start_loc starts at 1, not 0; `pagetrace check` lists every violation"),
+    ("an entry past the pool", "step 0: request b: logical block 1 maps to physical block 6, outside the pool 0..5; `pagetrace check` lists every violation"),
+])
+def test_replay_refuses_a_broken_step_in_one_line(tmp_path, capsys, fault, message):
+    path = hand_bundle(tmp_path / "b")
+    edit_step(path, RECORDS[fault][0])
+    code, out, err = cli(capsys, "replay", str(path), "--backend", "torch")
+    assert code == 1 and err.strip() == f"pagetrace: {message}", err
+    code, out, err = cli(capsys, "replay", str(path), "--backend", "torch", "--json")
+    doc = json.loads(out)
+    assert doc["error"] == message and [v["check"] for v in doc["violations"]] == [r[0] for r in RECORDS[fault][1]]

@@ -61,11 +61,11 @@ class Checker:
         logical = None if token is None else token // bs
         if physical is None and r is not None and logical is not None and logical < len(self.s.block_table[r]):
             physical = self.s.block_table[r][logical]
-        if slot is None and physical is not None and token is not None:
-            slot = physical * bs + token % bs
-        byte = None
-        if physical is not None and token is not None and 0 <= physical < self.m.num_blocks:
-            byte = self.geom.element("key", physical, token % bs, 0, 0) * self.geom.element_size
+        if slot is None and physical is not None and physical >= 0 and token is not None:
+            slot = physical * bs + token % bs  # (a negative entry is no block: no slot)
+        byte = None  # of the record's slot: where the key's element 0 of KV head 0 lies
+        if slot is not None and 0 <= slot < self.m.num_blocks * bs:
+            byte = self.geom.element("key", slot // bs, slot % bs, 0, 0) * self.geom.element_size
         request = None if r is None else self.s.requests[r]
         self.found.append(Violation(check, self.s.step, message, request, token, logical, physical, slot, byte, layer))
 
