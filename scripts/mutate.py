@@ -52,13 +52,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "capacity": (
         ["pagetrace/capacity.py"],
-        ["tests/test_capacity_boundaries.py", "tests/test_capacity_budget.py", "tests/test_cli_simulate.py",
+        ["tests/test_capacity_boundaries.py", "tests/test_capacity_budget.py", "tests/test_capacity_where_messages.py", "tests/test_cli_simulate.py",
          "tests/test_bad_input.py", "-k", "capacity or budget or memory or weights or mixture or term"],
     ),
     "where": (
         ["pagetrace/where.py"],
         ["tests/test_engine_boundaries.py", "tests/test_layout_conventions.py", "tests/test_layout_model.py",
-         "tests/test_bad_input.py", "-k", "where"],
+         "tests/test_bad_input.py", "tests/test_capacity_where_messages.py", "-k", "where"],
     ),
 }
 
