@@ -154,4 +154,4 @@ def test_where_json_fields_of_a_slot_and_of_a_byte(capsys):
     assert doc["axes"] == list(make_geometry("hnd", 16, 16, 2, 8, "fp16").layout.shown_axes("value")) and doc["index"] == [3, 1, 4, 6]
     assert doc["slot"] == 3 * 16 + 4 and doc["owners"] is None
     code, out, err = cli(capsys, "where", "--byte", str(element * 2 + 1), "--layout", "hnd", "--dtype", "fp16", "--kv-heads", "2")
-    assert "of the value cache" in " ".join(out.split()) and "KV head" in out
+    assert "of the key cache" in " ".join(out.split()) and "KV head 1" in " ".join(out.split())  # --cache defaults to key
