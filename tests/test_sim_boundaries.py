@@ -183,3 +183,55 @@ def test_free_slots_exactly_the_need_count_as_external_in_every_orca_mode():
     for mode in ("pow2", "oracle"):
         assert contiguous_waste(hand_workload(), 12, mode, 8).external == 2 * 8
         assert contiguous_waste(hand_workload(), 13, mode, 8).external == 2 * 9
+
+
+def test_summary_of_the_hand_workload_field_by_field():
+    result = simulate(hand_workload(), 4, 4, enable_caching=False, max_model_len=8)
+    s = summarize(result, result.causes, 4, 8, 256)
+    doc = s.to_json()
+    assert {k: doc[k] for k in ("requests", "prefix_requests", "steps", "preemptions", "preempted_requests", "prompt_tokens",
+                                "peak_used_blocks", "usable_blocks", "peak_running", "evictions", "hit_rate")} == {
+        "requests": 4, "prefix_requests": 0, "steps": 4, "preemptions": 0, "preempted_requests": 0, "prompt_tokens": 14,
+        "peak_used_blocks": 3, "usable_blocks": 3, "peak_running": 3, "evictions": 0, "hit_rate": 0.0}
+    assert s.cache == "vLLM (paged)" and [w["system"] for w in doc["waste"]] == list(HAND)
+    assert doc["waste"][1]["slot_steps"] == {"token states": 19, "reservation": 9, "internal fragmentation": 20, "external fragmentation": 0}
+    assert doc["prompt_tokens_by_cause"] == s.causes and sum(s.causes.values()) == 14
+
+
+def test_preempted_requests_are_counted_once_each():
+    reqs = [SimRequest(str(i), ids(1000 * i, 30), ids(0, 40)) for i in range(2)]
+    result = simulate(reqs, 6, 16, enable_caching=False)  # 5 usable blocks: the second is preempted while the first decodes
+    s = summarize(result, result.causes, 16, 70, 256)
+    assert s.preemptions == result.num_preemptions >= 1 and s.preempted_requests == 1
+
+
+def test_orca_keeps_arrival_steps_and_the_sequence_limit():
+    """A request arriving at step 5 into an empty pool waits idle steps uncounted; with
+    max_num_seqs 1 a second request waits for the first although there is room."""
+    late = [SimRequest("R1", ids(0, 3), [1, 2], arrival=5)]
+    w = contiguous_waste(late, 12, "oracle", 8)
+    assert (w.steps, w.token_states, w.reservation) == (2, 3, 1)
+    two = [SimRequest("A", ids(0, 3), [1, 2]), SimRequest("B", ids(10, 3), [1, 2])]
+    w = contiguous_waste(two, 12, "oracle", 8, max_num_seqs=1)
+    assert (w.steps, w.peak_running, w.external) == (4, 1, 0)
+    w = contiguous_waste(two, 12, "oracle", 8, max_num_seqs=2)
+    assert (w.steps, w.peak_running) == (2, 2)
+    gap = [SimRequest("A", ids(0, 3), [1, 2]), SimRequest("B", ids(10, 3), [1, 2], arrival=9)]
+    assert contiguous_waste(gap, 12, "oracle", 8).steps == 4  # 2 + 2: the idle steps 2-8 are not counted
+
+
+def test_orca_takes_a_request_exactly_the_pool_and_refuses_one_past_it():
+    exact = [SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5])]  # final 12: exactly the 12 slots
+    assert contiguous_waste(exact, 12, "oracle", 12).token_states == 8 + 9 + 10 + 11
+    with pytest.raises(ValueError, match="request R needs 13 contiguous slots; the pool has 12"):
+        contiguous_waste([SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5, 6])], 12, "oracle", 13)
+    with pytest.raises(ValueError, match="request R needs 13 contiguous slots; the pool has 20"):
+        contiguous_waste([SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5, 6])], 20, "oracle", 12)  # final 13 > max_model_len 12
+
+
+def test_empty_waste_shares_and_an_empty_run():
+    from pagetrace.sim.baselines import Waste
+
+    assert Waste("x").shares() == {"token states": 0.0, "reservation": 0.0, "internal fragmentation": 0.0, "external fragmentation": 0.0}
+    w = Waste("x", token_states=1, reservation=1)
+    assert w.shares()["token states"] == 0.5
