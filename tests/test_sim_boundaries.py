@@ -235,3 +235,37 @@ def test_empty_waste_shares_and_an_empty_run():
     assert Waste("x").shares() == {"token states": 0.0, "reservation": 0.0, "internal fragmentation": 0.0, "external fragmentation": 0.0}
     w = Waste("x", token_states=1, reservation=1)
     assert w.shares()["token states"] == 0.5
+
+
+def test_simulate_takes_a_request_exactly_the_pool_and_max_model_len():
+    """3 usable blocks of 4 hold 12 tokens: prompt 8 + output 5 stores 12 (the last token is
+    never stored) and runs; one more output token is refused up front, in words."""
+    result = simulate([SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5])], 4, 4, max_model_len=12)
+    assert len(result.steps) == 5 and result.steps[-1].finished == ["R"]
+    with pytest.raises(ValueError) as caught:
+        simulate([SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5, 6])], 4, 4)
+    assert str(caught.value) == "request R needs 4 blocks of 4 tokens at its longest, more than the 3 usable blocks of the pool"
+    with pytest.raises(ValueError) as caught:
+        simulate([SimRequest("R", ids(0, 8), [1, 2, 3, 4, 5])], 8, 4, max_model_len=11)
+    assert str(caught.value) == "request R stores 12 tokens at its longest, more than max_model_len=11"
+    with pytest.raises(ValueError, match="unknown cache policy 'lru': one of vllm, sglang"):
+        simulate([SimRequest("R", ids(0, 8), [1])], 8, 4, policy="lru")
+
+
+def test_simulate_stops_at_exactly_max_steps():
+    from pagetrace.errors import RuntimeFailure
+
+    reqs = lambda: [SimRequest("R", ids(0, 3), [1, 2, 3, 4])]  # noqa: E731 - 4 steps
+    assert len(simulate(reqs(), 8, 4, max_steps=4).steps) == 4
+    with pytest.raises(RuntimeFailure, match="the simulation did not finish within 3 steps"):
+        simulate(reqs(), 8, 4, max_steps=3)
+
+
+def test_on_step_sees_every_record_and_the_occupancy_stops_at_max_cells():
+    seen = []
+    result = simulate(hand_workload(), 4, 4, enable_caching=False, record_occupancy=True, max_cells=3 * 4, on_step=seen.append)
+    assert seen == result.steps and len(seen) == 4
+    assert len(result.occupancy) == 3 and result.occupancy_cut  # 3 rows of 4 blocks fit in 12 cells
+    assert result.occupancy[0][1:] == [0, 1, 2] and result.shared[0] == []
+    full = simulate(hand_workload(), 4, 4, enable_caching=False, record_occupancy=True, max_cells=4 * 4)
+    assert len(full.occupancy) == 4 and not full.occupancy_cut
