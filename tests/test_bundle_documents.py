@@ -354,6 +354,12 @@ RECORDS = {
          "blocks are shared, and request a fills 3 of 4 slots"),
         ("sharing", "b", 8, 2, 1, 4, byte_of(4), "physical block 1 is logical block 2 of request b and 2 of request a: only full "
          "blocks are shared, and request b fills 2 of 4 slots")]),
+    "the null block where a token sees it": (lambda t: t["block_table"].__setitem__((0, 2), 0), [
+        ("stored", "a", 8, 2, 0, 0, byte_of(0), "logical block 2 maps to physical block 0, whose page the bundle did not store"),
+        ("null", "a", 8, 2, 0, 0, byte_of(0), "logical block 2 (tokens 8..10) is on the null block 0"),
+        ("slot", "a", 8, 2, 0, 4, byte_of(4), "slot_mapping[8] = 4; block table gives 0 x 4 + 0 = 0"),
+        ("slot", "a", 9, 2, 0, 5, byte_of(5), "slot_mapping[9] = 5; block table gives 0 x 4 + 1 = 1"),
+        ("slot", "a", 10, 2, 0, 6, byte_of(6), "slot_mapping[10] = 6; block table gives 0 x 4 + 2 = 2")]),
     "shared at another logical block": (lambda t: t["block_table"].__setitem__((1, 1), 3), [
         ("sharing", "b", 4, 1, 3, 12, byte_of(12), "physical block 3 is logical blocks 0 and 1 of one request")]),
 }
@@ -368,6 +374,7 @@ def test_each_checks_record_word_for_word(tmp_path, capsys, fault):
     got = [tuple(v[k] for k in FIELDS) for v in found]
     assert code == 1 and got == want, got
     assert all(v["step"] == 0 and v["layer"] is None for v in found)
+    assert all(type(v[k]) in (int, type(None)) for v in found for k in ("slot", "byte", "physical_block", "token"))
 
 
 def test_sharing_with_an_engine_that_shares_nothing_and_across_logical_blocks(tmp_path, capsys):
