@@ -137,3 +137,19 @@ def test_flashinfer_refusals_name_the_argument():
     cache = torch.zeros(NB, 2, BS, H, D)
     assert message(flashinfer.cache_layout, cache, "nhd") == "invalid value for kv_layout: 'nhd': FlashInfer's layouts are NHD and HND"
     assert flashinfer.cache_layout(cache, "HND").name == "flashinfer-hnd" and flashinfer.cache_layout((cache, cache), "HND").name == "hnd"
+
+
+def test_as_tensors_names_a_bad_layout_a_strided_buffer_and_takes_any_float():
+    raw = engine_buffer("flashinfer", encoded(1), encoded(2))
+    assert message(as_tensors, raw, "flashinferx", BS, H, D).startswith("invalid value for layout: 'flashinferx': choose one of ")
+    assert message(geometry, "nhdx", NB, BS, H, D, "fp32").startswith("invalid value for layout: 'nhdx': choose one of ")
+    strided = raw.transpose(2, 3)
+    assert message(as_tensors, strided, "flashinfer", BS, H, D) == (
+        f"invalid value for kv_cache: {tuple(strided.stride())}: the 'flashinfer' layout reads a contiguous buffer")
+    k64, v64 = encoded(1).double(), encoded(2).double()
+    key, value = as_tensors((k64, v64), "nhd", BS, H, D)  # no pagetrace dtype: read as elements all the same
+    assert torch.equal(key, k64) and torch.equal(value, v64)
+    assert message(as_tensors, (k64, v64, v64), "nhd", BS, H, D) == (
+        "invalid value for kv_cache: 'tuple': the 'nhd' layout keeps K and V in two tensors: pass a (key, value) pair")
+    flat = torch.zeros(4)
+    assert message(as_tensors, flat, "flashinfer", BS, H, D).startswith("invalid value for kv_cache: (4,): the 'flashinfer' layout")
