@@ -155,3 +155,33 @@ def test_where_json_fields_of_a_slot_and_of_a_byte(capsys):
     assert doc["slot"] == 3 * 16 + 4 and doc["owners"] is None
     code, out, err = cli(capsys, "where", "--byte", str(element * 2 + 1), "--layout", "hnd", "--dtype", "fp16", "--kv-heads", "2")
     assert "of the key cache" in " ".join(out.split()) and "KV head 1" in " ".join(out.split())  # --cache defaults to key
+
+
+def test_where_in_vllms_split_key_and_its_value_cache(capsys):
+    """vLLM's layout, fp16 (x = 8), head_dim 16, 2 KV heads, 16 blocks of 16: the key cache is
+    [16, 2, 2, 16, 8] (block, head, dim/x, slot, dim%x), the value cache [16, 2, 16, 16]
+    (block, head, dim, slot). Element (block 3, head 1, slot 4, dim 10) in each."""
+    args = ["where", "--layout", "vllm", "--dtype", "fp16", "--kv-heads", "2", "--head-dim", "16", "--json"]
+    key_element = (((3 * 2 + 1) * 2 + 1) * 16 + 4) * 8 + 2
+    code, out, err = cli(capsys, *args, "--byte", str(key_element * 2), "--cache", "key")
+    doc = json.loads(out)
+    assert code == 0, err
+    assert (doc["cache"], doc["physical_block"], doc["offset"], doc["head"], doc["dim"], doc["index"]) == ("key", 3, 4, 1, 10, [3, 1, 1, 4, 2])
+    assert doc["axes"] == ["block", "head", "dim/x", "slot", "dim%x"]
+    assert {k: doc[k] for k in ("layout", "dtype", "element_size", "num_blocks", "block_size", "kv_heads", "head_dim")} == {
+        "layout": "vllm", "dtype": "fp16", "element_size": 2, "num_blocks": 16, "block_size": 16, "kv_heads": 2, "head_dim": 16}
+    value_element = ((3 * 2 + 1) * 16 + 10) * 16 + 4
+    code, out, err = cli(capsys, *args, "--byte", str(value_element * 2), "--cache", "value")
+    doc = json.loads(out)
+    assert (doc["cache"], doc["physical_block"], doc["offset"], doc["head"], doc["dim"], doc["index"]) == ("value", 3, 4, 1, 10, [3, 1, 10, 4])
+    assert doc["axes"] == ["block", "head", "dim", "slot"]
+    geom = where_geometry("vllm", "fp16", 16, 2, 16, None, [])
+    assert message(where_byte, geom, 16 * 2 * 16 * 16 * 2, "key", []) == (
+        "invalid value for --byte: 16384: the key cache has bytes 0..16383 (16x2x2x16x8 elements of 2 bytes); raise --num-blocks")
+    assert message(where_byte, geom, 16 * 2 * 16 * 16 * 2, "value", []) == (
+        "invalid value for --byte: 16384: the value cache has bytes 0..16383 (16x2x16x16 elements of 2 bytes); raise --num-blocks")
+
+
+def test_capacity_keeps_the_length_it_was_given():
+    cap = capacity(ModelDims(2, 1, 4, "fp16"), 10 * 512, block_size=16, length=17)
+    assert (cap.length, cap.block_size, cap.memory_bytes) == (17, 16, 5120)
