@@ -372,19 +372,20 @@ def check_tiles(partition_size: int, block_n: int) -> None:
 def _torch_backend(query, key_cache, value_cache, block_tables, batch: Batch, layout, scale, sliding_window, soft_cap, out, trace):
     tables = block_tables.to(torch.int64).cpu()  # -1 padding is never indexed: only the blocks a length needs are read
     result = out if out is not None else torch.empty_like(query)
+    staging = result if result.dtype == torch.float32 else torch.empty(result.shape, dtype=torch.float32, device=result.device)
+    torch_attention(query, key_cache, value_cache, tables, batch, layout, scale, sliding_window, soft_cap, staging)
+    if staging is not result:
+        result.copy_(staging)
     if not trace:
-        staging = result if result.dtype == torch.float32 else torch.empty(result.shape, dtype=torch.float32, device=result.device)
-        torch_attention(query, key_cache, value_cache, tables, batch, layout, scale, sliding_window, soft_cap, staging)
-        if staging is not result:
-            result.copy_(staging)
         return result
+    # The trace's scores come from the reference; the output stays the untraced path's,
+    # so tracing never changes the result.
     ref = reference_attention(
         query, key_cache, value_cache, tables, batch.seq_lens, layout=layout, block_size=batch.block_size, scale=scale,
         query_lens=batch.query_lens, sliding_window=sliding_window, soft_cap=soft_cap, alibi_slopes=batch.alibi_slopes,
         k_scale=1.0 if batch.k_scale is None else float(batch.k_scale), v_scale=1.0 if batch.v_scale is None else float(batch.v_scale),
         keep_scores=True,
     )
-    result.copy_(ref.output)
     width = max(batch.seq_lens)
     slots = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int64)
     parts = torch.full((len(batch.seq_lens), width), -1, dtype=torch.int32)

@@ -165,11 +165,17 @@ def reference_attention(
             continue
         scores = _scores(q, k, scale, soft_cap, alibi_slopes, n)
         masked = scores.masked_fill((state != VISIBLE)[:, None, :], float("-inf"))
-        row_lse = torch.logsumexp(masked, dim=-1)  # key p is always visible to query p: finite
-        w = torch.exp(masked - row_lse[..., None])
+        top = masked.amax(-1, keepdim=True)  # key p is always visible to query p: finite
+        e = torch.exp(masked - top)
+        total = e.sum(-1, keepdim=True)
+        row_lse = (top + torch.log(total))[..., 0]
         num_kv_heads = k.shape[1]
-        wg = w.view(q_len, num_kv_heads, num_heads // num_kv_heads, n)
-        out[rows] = torch.einsum("qkgt,tkd->qkgd", wg, v).reshape(q_len, num_heads, head_dim)
+        eg = e.view(q_len, num_kv_heads, num_heads // num_kv_heads, n)
+        # normalised after the value product, as the kernel and the torch path do: equal
+        # scores over equal values give those values exactly
+        acc = torch.einsum("qkgt,tkd->qkgd", eg, v).reshape(q_len, num_heads, head_dim)
+        out[rows] = acc / total
+        w = e / total
         if keep_scores:
             logits[rows, :, :n] = scores
             weights[rows, :, :n] = w

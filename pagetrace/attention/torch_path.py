@@ -10,7 +10,13 @@ stored); see `_Reader`. Compared with gathering the whole sequence and calling S
 never copies a sequence's keys or values into fresh memory, which on these CPUs costs more
 than the attention itself (bench/bench_prefill.py --sdpa-only, bench/README.md); only the
 score rows (kv_heads x query rows x keys, fp32) are sequence-sized. The kept buffers stay
-with the thread: up to `SCRATCH_BYTES` for each of five names, per dtype and device.
+with the thread: one for each of five names per device, each at most `SCRATCH_BYTES`, so a
+thread keeps at most `KEPT_BYTES` (80 MiB) per device whatever shapes and dtypes it runs.
+
+The weights are normalised after the value product, as FlashAttention and the kernel do:
+out = (sum_j e_j v_j) / sum_j e_j with e_j = exp(s_j - max s). Rows of equal scores over
+equal values then give those values exactly (FlashInfer's extreme-logits test: 1.0 at zero
+tolerance), where the sum of n rounded 1/n would not.
 
 Like the kernel, this path computes no gradient: it runs under `torch.no_grad()`.
 
@@ -64,6 +70,8 @@ def _attention(query, key_cache, value_cache, tables, batch, layout, scale, slid
 
 
 SCRATCH_BYTES = 16 << 20  # the largest buffer a thread keeps between calls
+SCRATCH_NAMES = ("gathered", "work", "scores", "part", "products")
+KEPT_BYTES = len(SCRATCH_NAMES) * SCRATCH_BYTES  # the most a thread keeps per device
 _kept = threading.local()
 
 
@@ -74,15 +82,23 @@ def _scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) ->
     its pages in cost more than the copy into it (about 1,200 page faults and 1-2 ms a 4k
     decode, bench/README.md). Buffers over `SCRATCH_BYTES` are not kept. Nothing the caller
     gets back ever points into one of these.
+
+    One byte buffer is kept per (name, device), viewed as the dtype asked for, and grows
+    only up to `SCRATCH_BYTES`: at most `KEPT_BYTES` per thread and device. It is made
+    outside inference mode even when the call runs inside it (vLLM runs attention under
+    torch.inference_mode()): an inference tensor could not be written by a later call
+    outside that mode, while a normal tensor may be written in either.
     """
-    if numel * dtype.itemsize > SCRATCH_BYTES:
+    nbytes = numel * dtype.itemsize
+    if nbytes > SCRATCH_BYTES:
         return torch.empty(numel, dtype=dtype, device=device)
     kept = _kept.__dict__.setdefault("buffers", {})
-    key = (name, dtype, device)
+    key = (name, torch.device(device))
     buffer = kept.get(key)
-    if buffer is None or buffer.numel() < numel:
-        buffer = kept[key] = torch.empty(numel, dtype=dtype, device=device)
-    return buffer[:numel]
+    if buffer is None or buffer.numel() < nbytes:
+        with torch.inference_mode(False):
+            buffer = kept[key] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer[:nbytes].view(dtype)
 
 
 class _Reader:
@@ -186,7 +202,10 @@ def _chunked(q, key_cache, value_cache, table, n, batch: Batch, layout, scale, s
     if q_len > 1 or sliding_window is not None:
         state = mask_states(n, q_len, sliding_window, device=q.device)[:, base:]
         s = s.masked_fill((state != VISIBLE)[None, :, None, :], float("-inf"))
-    weights = torch.softmax(s, dim=-1).view(kv, rows, width)
+    # unnormalised weights, divided out after the value product (see the module doc);
+    # the row's top score is finite: key p is always visible to query p
+    weights = torch.exp(s - s.amax(-1, keepdim=True)).view(kv, rows, width)
+    total = weights.sum(-1, keepdim=True)
     acc = torch.zeros(kv, rows, head_dim, dtype=torch.float32, device=q.device)
     if form == "blocks":  # weights of whole blocks, 0 for the last block's unwritten slots
         padded = torch.zeros(kv, rows, full, dtype=torch.float32, device=q.device)
@@ -201,4 +220,5 @@ def _chunked(q, key_cache, value_cache, table, n, batch: Batch, layout, scale, s
             nb = v.shape[0]
             w = padded[:, :, start : start + nb * bs].view(kv, rows, nb, bs).permute(2, 0, 1, 3)
             acc += torch.matmul(w, v, out=products[:nb]).sum(0)
+    acc /= total
     return acc.view(kv, q_len, group, head_dim).permute(1, 0, 2, 3).reshape(q_len, num_heads, head_dim)

@@ -71,11 +71,11 @@ class Checker:
         logical = None if token is None else token // bs
         if physical is None and r is not None and logical is not None and logical < len(self.s.block_table[r]):
             physical = self.s.block_table[r][logical]
-        if slot is None and physical is not None and token is not None:
-            slot = physical * bs + token % bs
-        byte = None
-        if physical is not None and token is not None and 0 <= physical < self.m.num_blocks:
-            byte = self.geom.element("key", physical, token % bs, 0, 0) * self.geom.element_size
+        if slot is None and physical is not None and physical >= 0 and token is not None:
+            slot = physical * bs + token % bs  # (a negative entry is no block: no slot)
+        byte = None  # of the record's slot: where the key's element 0 of KV head 0 lies
+        if slot is not None and 0 <= slot < self.m.num_blocks * bs:
+            byte = self.geom.element("key", slot // bs, slot % bs, 0, 0) * self.geom.element_size
         request = None if r is None else self.s.requests[r]
         self.found.append(Violation(check, self.s.step, message, request, token, logical, physical, slot, byte, layer))
 
@@ -118,11 +118,19 @@ class Checker:
         return ok
 
     def visible(self, r: int, logical: int) -> bool:
-        """Whether the request's last token attends to any token of this logical block."""
+        """Whether any of the request's new tokens attends to a token of this logical block.
+
+        With a window w the first new token, at p = seq_len - query_len, sees the most:
+        keys p - w + 1..p. vLLM frees blocks by that token's window too (the next token to
+        compute: vllm/v1/core/single_type_kv_cache_manager.py
+        `SlidingWindowManager.get_num_skipped_tokens`, num_computed_tokens - w + 1 skipped).
+        A request without new tokens is judged by its last token's window."""
         window = self.m.sliding_window
         if window is None:
             return True
-        return (logical + 1) * self.m.block_size > self.s.seq_lens[r] - window
+        qsl = self.s.query_start_loc
+        first = self.s.seq_lens[r] - max(qsl[r + 1] - qsl[r], 1)
+        return (logical + 1) * self.m.block_size > first - window + 1
 
     def tables(self) -> None:
         s, bs = self.s, self.m.block_size

@@ -31,6 +31,7 @@ def write_bundle(
     query=None,  # [tokens, num_heads, head_dim]
     output=None,  # the engine's attention output, same shape
     scale: float | None = None,
+    sliding_window: int | None = None,  # w: a token at position p sees keys p - w + 1..p (None: all)
     null_block: int | None = None,
     sharing: str = "full-blocks",
     request_ids: list[str] | None = None,
@@ -95,7 +96,7 @@ def write_bundle(
         "model": {"num_layers": 1, "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
         "kv_cache": {"dtype": dtype, "layout": layout, "block_size": block_size, "num_blocks": num_blocks, "null_block": null_block,
                      "table_padding": 0, "slot_padding": -1, "sharing": sharing},
-        "attention": {"scale": head_dim**-0.5 if scale is None else scale, "causal": True, "sliding_window": None},
+        "attention": {"scale": head_dim**-0.5 if scale is None else scale, "causal": True, "sliding_window": sliding_window},
         "layers": [{"index": 0, "name": "layer0"}],
     })
     try:

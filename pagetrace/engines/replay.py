@@ -86,16 +86,6 @@ def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery
     return out
 
 
-def varlen_api() -> bool:
-    """Whether `paged_attention` takes `query_start_loc` (one call for decode, prefill and
-    mixed batches); without it each new token is its own decode query."""
-    import inspect
-
-    from ..attention.api import paged_attention
-
-    return "query_start_loc" in inspect.signature(paged_attention).parameters
-
-
 def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: list[int] | None = None, backend: str = "auto") -> Replay:
     from ..attention.api import paged_attention
 
@@ -115,20 +105,15 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
 
     query = tensors["query"][[q.index for q in queries]].to(key.dtype)
     options = dict(layout="nhd", scale=manifest.scale, trace=True, backend=backend)
-    if varlen_api():  # the step as the engine ran it: one call, query_start_loc and all
-        chosen = sorted({q.request for q in queries})
-        qsl = [0]
-        for r in chosen:
-            qsl.append(qsl[-1] + sum(q.request == r for q in queries))
-        out, trace = paged_attention(
-            query, key, value, pool_rows([tables[r] for r in chosen]), torch.tensor([step.seq_lens[r] for r in chosen], dtype=torch.int32),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32), sliding_window=manifest.sliding_window, **options,
-        )
-    else:  # each new token is one decode query over its own causal prefix
-        if manifest.sliding_window is not None:
-            raise ReplayRefused("this pagetrace's kernel has no sliding window; the step was captured with one")
-        per_token = pool_rows([tables[q.request][: q.position // bs + 1] for q in queries])
-        out, trace = paged_attention(query, key, value, per_token, torch.tensor([q.position + 1 for q in queries], dtype=torch.int32), **options)
+    # the step as the engine ran it: one call, query_start_loc and all
+    chosen = sorted({q.request for q in queries})
+    qsl = [0]
+    for r in chosen:
+        qsl.append(qsl[-1] + sum(q.request == r for q in queries))
+    out, trace = paged_attention(
+        query, key, value, pool_rows([tables[r] for r in chosen]), torch.tensor([step.seq_lens[r] for r in chosen], dtype=torch.int32),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32), sliding_window=manifest.sliding_window, **options,
+    )
     reference = causal_reference(query, key, value, queries, [tables[q.request] for q in queries], compact, manifest)
     engine = tensors["output"][[q.index for q in queries]] if "output" in tensors else None
     return Replay(queries, out, reference, engine, trace, trace.backend, tables)

