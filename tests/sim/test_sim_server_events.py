@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,18 +59,26 @@ def make_model(path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tiny-llama")
-    make_model(model)
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_model(path)
+    return path
+
+
+@contextmanager
+def serving(model, folder, private: bool = False):
+    """A server whose plugin records its own trace to folder/server-trace.jsonl; stopped by PID whatever happens."""
     port, events = free_port(), free_port()
     endpoint = f"tcp://127.0.0.1:{events}"
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv-events"}
-    log_path = tmp_path_factory.mktemp("log") / "server.log"
-    server_trace = log_path.parent / "server-trace.jsonl"
+    log_path = folder / "server.log"
+    server_trace = folder / "server-trace.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
     # this checkout's plugin, not the installed one's: the entry point resolves through sys.path
     env.update(VLLM_CPU_KVCACHE_SPACE="1", PAGETRACE_TRACE=str(server_trace),
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    if private:
+        env["PAGETRACE_TRACE_PRIVATE"] = "1"
     env.pop("PYTHONHASHSEED", None)  # vLLM's default NONE_HASH seed, as the trace's header says
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--block-size", str(BLOCK), "--max-model-len", "448", "--enforce-eager", "--skip-tokenizer-init",
@@ -94,6 +103,12 @@ def server(tmp_path_factory):
         yield Server(f"http://127.0.0.1:{port}", str(model), endpoint, log_path, server_trace, lambda: stop(proc))
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    with serving(model, tmp_path_factory.mktemp("server")) as running:
+        yield running
 
 
 class Server:
@@ -133,13 +148,16 @@ def workload():
 @pytest.fixture(scope="module")
 def recorded(server, tmp_path_factory):
     """The workload sent once, one request at a time: the client's trace and the server's events."""
+    return send_workload(server, tmp_path_factory.mktemp("recorded") / "events.kvev")
+
+
+def send_workload(server, events):
     from pagetrace.sim.events import FILE_MAGIC
     from pagetrace.sim.record import record
 
     start = time.monotonic()
     writer, data = record(server.url, server.model, workload(), block_size=BLOCK, events=server.endpoint, events_bind=True, timeout=120)
     sys.__stdout__.write(f"recorded {len(writer.records)} requests in {time.monotonic() - start:.1f} s\n")
-    events = tmp_path_factory.mktemp("recorded") / "events.kvev"
     events.write_bytes(data)
     assert data.startswith(FILE_MAGIC) and len(data) > len(FILE_MAGIC), "the server published no KV events"
     return writer, events
@@ -192,8 +210,10 @@ def _plugin_installed() -> bool:
     return any(ep.value == "pagetrace.engines.vllm_plugin:register" for ep in entry_points(group="vllm.general_plugins"))
 
 
-@pytest.mark.skipif(not _plugin_installed(), reason="pagetrace's vllm.general_plugins entry point is not installed (pip install -e .): "
-                                                    "vLLM finds plugins by package metadata")
+NO_PLUGIN = "pagetrace's vllm.general_plugins entry point is not installed (pip install -e .): vLLM finds plugins by package metadata"
+
+
+@pytest.mark.skipif(not _plugin_installed(), reason=NO_PLUGIN)
 def test_the_servers_own_trace_predicts_its_events(server, recorded, tmp_path, capsys):
     writer, events = recorded
     server.stop()  # SIGTERM, then vLLM SIGKILLs its engine core: the trace must be whole already
@@ -218,3 +238,18 @@ def test_the_servers_own_trace_predicts_its_events(server, recorded, tmp_path, c
     assert cmp["equal"], json.dumps(cmp, indent=1)
     assert cmp["server_items"] > 20
     sys.__stdout__.write(f"the server's own trace: {len(rows)} requests, {cmp['server_items']} events predicted\n")
+
+
+@pytest.mark.skipif(not _plugin_installed(), reason=NO_PLUGIN)
+def test_the_servers_private_trace_holds_vllms_hashes_and_predicts_its_events(model, tmp_path, capsys):
+    with serving(model, tmp_path, private=True) as running:
+        writer, events = send_workload(running, tmp_path / "events.kvev")
+    text = running.trace.read_text()
+    assert "pagetrace: recording every request to the trace" in running.log_path.read_text() and "(block hashes only" in running.log_path.read_text()
+    assert '"prompt"' not in text and '"output"' not in text and "tenant-b" not in text  # no token id, no salt
+    rows = [json.loads(x) for x in text.splitlines()]
+    assert rows[0]["hashes_only"] is True and len(rows) == 9
+    cmp = simulate_json(capsys, running.trace, events)["events"]
+    assert cmp["gaps"] == [] and cmp["problems"] == [] and cmp["mode"] == "hash", cmp
+    assert cmp["equal"], json.dumps(cmp, indent=1)
+    sys.__stdout__.write(f"the server's private trace: {len(rows) - 1} requests, {cmp['server_items']} events predicted\n")
