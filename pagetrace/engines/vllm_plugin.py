@@ -13,6 +13,8 @@ called from engine/arg_utils.py, v1/engine/core.py and v1/worker/worker_base.py
     PAGETRACE_REQUESTS=cmpl-a,.. keep only steps that hold one of these requests
     PAGETRACE_RING_MIB=256       keep the last steps that fit in this many MiB (default 256)
     PAGETRACE_GUARD_PLANT=...    plant a bug to test the guard (see `parse_plants`)
+    PAGETRACE_TRACE=PATH         record every request the scheduler receives as a trace (must not exist)
+    PAGETRACE_TRACE_PRIVATE=1    ... with vLLM's block hashes instead of token ids (vllm_trace.py)
 
 Where it hooks: in the process that holds the model runner, `GPUModelRunner` (which
 vLLM's `CPUModelRunner` subclasses) gets two wrapped methods: `initialize_kv_cache` (when
@@ -37,6 +39,8 @@ NAMES = ("PAGETRACE_CAPTURE", "PAGETRACE_GUARD", "PAGETRACE_STEPS", "PAGETRACE_L
 
 def register() -> None:
     """The `vllm.general_plugins` entry point: vLLM calls it once in each process."""
+    if os.environ.get("PAGETRACE_TRACE") or os.environ.get("PAGETRACE_TRACE_PRIVATE"):
+        _trace_from_env(os.environ)
     if not (os.environ.get("PAGETRACE_CAPTURE") or os.environ.get("PAGETRACE_GUARD")):
         if any(os.environ.get(name) for name in NAMES):
             _refuse(f"{', '.join(n for n in NAMES if os.environ.get(n))} set, but neither PAGETRACE_CAPTURE nor PAGETRACE_GUARD: nothing to do")
@@ -48,6 +52,32 @@ def register() -> None:
     except UsageError as exc:
         _refuse(str(exc))
     _install(settings)
+
+
+def _trace_from_env(env) -> None:
+    """PAGETRACE_TRACE: checked in every process (the first, the API server, refuses before vLLM
+    starts; the scheduler makes the file later), installed on the engine core's Scheduler."""
+    path = env.get("PAGETRACE_TRACE") or ""
+    private = env.get("PAGETRACE_TRACE_PRIVATE") or ""
+    if private not in ("", "0", "1"):
+        _refuse(f"invalid value for PAGETRACE_TRACE_PRIVATE: {private!r}: write 1 (block hashes only, no token ids) or 0")
+    if not path:
+        _refuse("PAGETRACE_TRACE_PRIVATE set, but not PAGETRACE_TRACE=PATH: nothing to record")
+    from .vllm_trace import problem_with
+
+    problem = problem_with(path)
+    if problem:
+        _refuse(f"invalid value for PAGETRACE_TRACE: {path!r}: {problem}")
+    PATCHES["vllm.v1.core.sched.scheduler"] = lambda module: _patch_scheduler(module, path, private == "1")
+    _hook_imports()
+
+
+def _patch_scheduler(module, path: str, private: bool) -> None:
+    from vllm.logger import init_logger
+
+    from .vllm_trace import patch_scheduler
+
+    patch_scheduler(module, path, private, log=init_logger("vllm.pagetrace").info)
 
 
 def _refuse(message: str):
@@ -406,35 +436,49 @@ def patch_engine_args(settings: Settings) -> None:
 
 
 def _install(settings: Settings) -> None:
+    global SETTINGS
+    SETTINGS = settings
+    patch_engine_args(settings)
+    PATCHES[TARGET] = patch_runner
+    _hook_imports()
+
+
+PATCHES: dict = {}  # module name -> what patches it once it is imported
+
+
+def _hook_imports() -> None:
+    """Patch each module of PATCHES now if it is imported, else when it is first imported."""
     import importlib.abc
     import importlib.util
     import sys
 
-    global SETTINGS
-    SETTINGS = settings
-    patch_engine_args(settings)
-    if TARGET in sys.modules:
-        patch_runner(sys.modules[TARGET])
+    for name in [n for n in PATCHES if n in sys.modules]:
+        PATCHES.pop(name)(sys.modules[name])
+    if not PATCHES or any(getattr(f, "pagetrace", False) for f in sys.meta_path):
         return
 
     class Patcher(importlib.abc.MetaPathFinder):
+        pagetrace = True
+
         def find_spec(self, name, path, target=None):
-            if name != TARGET:
+            if name not in PATCHES:
                 return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
+            patch = PATCHES.pop(name)
+            sys.meta_path.remove(self)  # find the real spec without this finder; back while others wait
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                if PATCHES:
+                    sys.meta_path.insert(0, self)
             if spec is None or spec.loader is None:
                 return spec
             run = spec.loader.exec_module
 
             def exec_module(module):
                 run(module)
-                patch_runner(module)
+                patch(module)
 
             spec.loader.exec_module = exec_module
             return spec
 
-    if not any(type(f).__name__ == "Patcher" and getattr(f, "pagetrace", False) for f in sys.meta_path):
-        finder = Patcher()
-        finder.pagetrace = True
-        sys.meta_path.insert(0, finder)
+    sys.meta_path.insert(0, Patcher())

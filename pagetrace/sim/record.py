@@ -55,7 +55,8 @@ def complete(url: str, model: str, send: Send, timeout: float) -> list[list[int]
         body["cache_salt"] = send.cache_salt
     if send.priority:
         body["priority"] = send.priority
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(f"{url.rstrip('/')}/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json", "X-Request-Id": send.id})  # the server's own trace names it
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             doc = json.loads(r.read())

@@ -10,8 +10,10 @@ A private trace (`hashes_only: true` in the header) has no token ids: `prompt_le
 (vllm_hash.py), of the header's `block_size`. A file without a header is a version-0 trace
 (the older hand-written form: `prompt` or `prompt_len` + `shared_prefix`, no `time`).
 
-`TraceWriter` is what a recorder calls (record.py here; a hook inside the server can call the
-same): one `add` per request, `write` at the end, the file written whole or not at all.
+`TraceWriter` is what a recorder calls (record.py): one `add` per request, `write` at the end,
+the file written whole or not at all. The hook inside `vllm serve` (engines/vllm_trace.py)
+appends `line`s one by one as requests finish, each with `seq` (the order the engine received
+them in; the reader orders a step's arrivals by it) and `client_id`.
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class TraceRecord:
     cache_salt: str | None = None
     lora_name: str | None = None
     priority: int = 0
+    block_hashes: list[int] | None = None  # the engine's own hashes of prompt + output (a hook has them); else computed
+    seq: int | None = None  # the order the engine received it in (a hook writes at each request's end, not in this order)
+    client_id: str | None = None  # the client's request id, where the engine made its own from it
 
 
 class TraceWriter:
@@ -104,8 +109,11 @@ class TraceWriter:
         if self.header.hashes_only:
             doc["prompt_len"] = len(r.prompt)
             samples = outputs or [[]]
-            doc["block_hashes"] = [vllm_block_hashes(r.prompt + o, self.header.block_size, r.cache_salt, self.header.hash_seed)
-                                   for o in samples]
+            if r.block_hashes is not None:
+                doc["block_hashes"] = [list(r.block_hashes)]
+            else:
+                doc["block_hashes"] = [vllm_block_hashes(r.prompt + o, self.header.block_size, r.cache_salt, self.header.hash_seed)
+                                       for o in samples]
             if len(samples) == 1:
                 doc["block_hashes"] = doc["block_hashes"][0]
             doc["output_lens"] = [len(o) for o in outputs] if len(outputs) > 1 else None
@@ -117,7 +125,7 @@ class TraceWriter:
                 doc["outputs"] = outputs
         doc["output_len"] = output_len
         doc["max_tokens"] = r.max_tokens
-        for key, value, default in (("n", r.n, 1), ("cache_salt", r.cache_salt, None), ("lora_name", r.lora_name, None),
+        for key, value, default in (("seq", r.seq, None), ("client_id", r.client_id, None), ("n", r.n, 1), ("cache_salt", r.cache_salt, None), ("lora_name", r.lora_name, None),
                                     ("priority", r.priority, 0)):
             if value != default:
                 doc[key] = value

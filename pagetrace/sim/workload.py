@@ -142,6 +142,7 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     `max_tokens`, `arrival` (step, default 0), `time` (seconds), `n` (default 1), `cache_salt`,
     `lora_name`, `priority`, `id`."""
     out: list[SimRequest] = []
+    order: dict[str, int] = {}  # within a step: `seq` (the order a server hook saw them in) or file order
     ids: set[str] = set()
     header: TraceHeader | None = None
     given: dict[str, list[int]] = {}
@@ -214,6 +215,7 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
         if olen is None and outputs is None:
             raise UsageError("--trace", raw[:40], f"trace line {line_no} needs 'output_len' or 'output'")
         arrival = _field(obj, "arrival", line_no, int, 0, minimum=0)
+        seq = _field(obj, "seq", line_no, int, line_no, minimum=0)
         t = obj.get("time")
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
             raise UsageError("--trace", t, f"trace line {line_no}, field 'time' must be a number of seconds >= 0")
@@ -245,8 +247,9 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
             if prio:
                 priority[sid] = prio
             out.append(SimRequest(sid, p, sample, arrival=arrival, cache_salt=key, group=None if n == 1 else rid))
+            order[sid] = seq
     if not out:
         what = "is empty" if not text else ("holds only its header" if header is not None else "holds only blank lines")
         raise UsageError("--trace", source, f"the file {what}: a trace has one JSON request per line")
-    out.sort(key=lambda r: r.arrival)  # stable: file order within a step
+    out.sort(key=lambda r: (r.arrival, order[r.request_id]))  # stable: a request's samples stay in order
     return Trace(out, header, given, lora, priority)

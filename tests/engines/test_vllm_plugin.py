@@ -39,9 +39,18 @@ def test_the_entry_point_does_nothing_and_imports_nothing_unless_asked():
     ({"PAGETRACE_CAPTURE": "{tmp}/no/such/folder/b"}, "PAGETRACE_CAPTURE"),
     ({"PAGETRACE_GUARD": "raise", "PAGETRACE_LAYERS": "0"}, "PAGETRACE_LAYERS"),  # chooses what a capture keeps
     ({"PAGETRACE_GUARD": "raise", "PAGETRACE_GUARD_PLANT": "3:table:0"}, "PAGETRACE_GUARD_PLANT"),
+    ({"PAGETRACE_TRACE": "{tmp}/exists"}, "PAGETRACE_TRACE"),  # a folder
+    ({"PAGETRACE_TRACE": "{tmp}/file"}, "PAGETRACE_TRACE"),  # a file: never replaced
+    ({"PAGETRACE_TRACE": "{tmp}/link"}, "PAGETRACE_TRACE"),  # a dangling link
+    ({"PAGETRACE_TRACE": "{tmp}/file/trace.jsonl"}, "PAGETRACE_TRACE"),  # its folder is a file
+    ({"PAGETRACE_TRACE": "{tmp}/no/such/trace.jsonl"}, "PAGETRACE_TRACE"),
+    ({"PAGETRACE_TRACE_PRIVATE": "1"}, "PAGETRACE_TRACE"),  # private, but no trace
+    ({"PAGETRACE_TRACE": "{tmp}/t.jsonl", "PAGETRACE_TRACE_PRIVATE": "yes"}, "PAGETRACE_TRACE_PRIVATE"),
 ])
 def test_bad_settings_refuse_to_start_in_one_line(tmp_path, env, option):
     (tmp_path / "exists").mkdir()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
     env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
     done = subprocess.run([sys.executable, "-c", "import pagetrace.engines.vllm_plugin as p; p.register()"],
@@ -49,6 +58,25 @@ def test_bad_settings_refuse_to_start_in_one_line(tmp_path, env, option):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert len(lines) == 1 and lines[0].startswith("pagetrace: refusing to start vLLM: ") and option in lines[0], lines
+
+
+def test_a_trace_setting_imports_nothing_heavy_and_hooks_only_the_scheduler(tmp_path):
+    code = ("import sys; import pagetrace.engines.vllm_plugin as p; p.register(); "
+            "print(sorted(m for m in ('torch', 'vllm', 'numpy') if m in sys.modules), sorted(p.PATCHES))")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
+    done = subprocess.run([sys.executable, "-c", code], env=dict(clean, PYTHONPATH=str(ROOT), PAGETRACE_TRACE=str(tmp_path / "t.jsonl")),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "['vllm.v1.core.sched.scheduler']"]
+    assert not (tmp_path / "t.jsonl").exists()  # the engine core's Scheduler makes it
+
+
+def test_client_ids():
+    from pagetrace.engines.vllm_trace import client_id
+
+    assert client_id("cmpl-load3-0-a12eca2a") == "cmpl-load3-0"
+    assert client_id("0_cmpl-samples-0-b9fd55cd") == "0_cmpl-samples-0"
+    assert client_id("plain") == "plain"
 
 
 def test_steps_and_plants_parse():
