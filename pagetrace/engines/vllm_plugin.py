@@ -102,6 +102,10 @@ class Settings:
             if path.exists() or path.is_symlink():
                 raise UsageError("PAGETRACE_CAPTURE", capture, "already exists; choose a new bundle folder")
             parent = path.parent if str(path.parent) else Path(".")
+            # with tensor parallelism each rank writes PATH.rank<r>: one of those is taken as well
+            taken = sorted(p.name for p in parent.glob(f"{path.name}.rank*")) if parent.is_dir() else []
+            if taken:
+                raise UsageError("PAGETRACE_CAPTURE", capture, f"{taken[0]} already exists beside it (a rank's bundle); choose a new bundle folder")
             if not parent.is_dir():
                 raise UsageError("PAGETRACE_CAPTURE", capture, f"its folder {str(parent)!r} does not exist")
             if not os.access(parent, os.W_OK | os.X_OK):

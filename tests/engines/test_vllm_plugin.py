@@ -36,6 +36,7 @@ def test_the_entry_point_does_nothing_and_imports_nothing_unless_asked():
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_RING_MIB": "0"}, "PAGETRACE_RING_MIB"),
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_RING_MIB": "lots"}, "PAGETRACE_RING_MIB"),
     ({"PAGETRACE_CAPTURE": "{tmp}/exists"}, "PAGETRACE_CAPTURE"),
+    ({"PAGETRACE_CAPTURE": "{tmp}/tp"}, "PAGETRACE_CAPTURE"),  # tp.rank1 is there: a rank's bundle from an earlier run
     ({"PAGETRACE_CAPTURE": "{tmp}/no/such/folder/b"}, "PAGETRACE_CAPTURE"),
     ({"PAGETRACE_GUARD": "raise", "PAGETRACE_LAYERS": "0"}, "PAGETRACE_LAYERS"),  # chooses what a capture keeps
     ({"PAGETRACE_GUARD": "raise", "PAGETRACE_GUARD_PLANT": "3:table:0"}, "PAGETRACE_GUARD_PLANT"),
@@ -49,6 +50,7 @@ def test_the_entry_point_does_nothing_and_imports_nothing_unless_asked():
 ])
 def test_bad_settings_refuse_to_start_in_one_line(tmp_path, env, option):
     (tmp_path / "exists").mkdir()
+    (tmp_path / "tp.rank1").mkdir()
     (tmp_path / "file").write_text("")
     (tmp_path / "link").symlink_to(tmp_path / "nowhere")
     env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
