@@ -60,6 +60,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/engines/test_engine_boundaries.py", "tests/paging/test_layout_conventions.py", "tests/paging/test_layout_model.py",
          "tests/commands/test_bad_input.py", "tests/commands/test_capacity_where_messages.py", "-k", "where"],
     ),
+    "views": (  # the Rich renderings of lookup, run, simulate and replay
+        ["pagetrace/views/text.py", "pagetrace/views/run.py", "pagetrace/views/sim.py", "pagetrace/views/replay.py"],
+        ["tests/views/test_narrow_output.py", "tests/views/test_terminal_map.py",
+         "tests/commands/test_cli_lookup.py", "tests/commands/test_cli_run.py", "tests/commands/test_cli_run_report.py",
+         "tests/commands/test_cli_simulate.py", "tests/engines/test_engines.py", "tests/engines/test_engine_boundaries.py"],
+    ),
 }
 
 
