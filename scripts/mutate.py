@@ -63,7 +63,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "views": (  # the Rich renderings of lookup, run, simulate and replay
         ["pagetrace/views/text.py", "pagetrace/views/run.py", "pagetrace/views/sim.py", "pagetrace/views/replay.py"],
-        ["tests/views/test_narrow_output.py", "tests/views/test_terminal_map.py", "tests/views/test_replay_view.py",
+        ["tests/views/test_narrow_output.py", "tests/views/test_terminal_map.py", "tests/views/test_replay_view.py", "tests/views/test_sim_view.py",
          "tests/commands/test_cli_lookup.py", "tests/commands/test_cli_run.py", "tests/commands/test_cli_run_report.py",
          "tests/commands/test_cli_simulate.py", "tests/engines/test_engines.py", "tests/engines/test_engine_boundaries.py"],
     ),
