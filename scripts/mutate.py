@@ -49,7 +49,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["pagetrace/sim/baselines.py", "pagetrace/sim/blockpool.py", "pagetrace/sim/causes.py", "pagetrace/sim/cruise.py",
          "pagetrace/sim/parallel.py", "pagetrace/sim/policy.py", "pagetrace/sim/radix.py", "pagetrace/sim/request.py",
          "pagetrace/sim/run.py", "pagetrace/sim/scheduler.py", "pagetrace/sim/summary.py", "pagetrace/sim/workload.py"],
-        ["tests/sim/test_sim.py", "tests/sim/test_sim_boundaries.py", "tests/sim/test_sim_policy.py", "tests/sim/test_sim_blockpool.py", "tests/sim/test_sim_radix.py", "tests/sim/test_sim_digest.py"],
+        ["tests/sim/test_sim.py", "tests/sim/test_sim_boundaries.py", "tests/sim/test_sim_policy.py", "tests/sim/test_sim_blockpool.py", "tests/sim/test_sim_scheduler.py", "tests/sim/test_sim_radix.py", "tests/sim/test_sim_digest.py"],
     ),
     "capacity": (
         ["pagetrace/sim/capacity.py"],
