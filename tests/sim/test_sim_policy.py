@@ -72,3 +72,17 @@ def test_freed_blocks_are_handed_out_again_and_a_freed_request_holds_none():
     assert policy.block_ids("a") == [] and policy.pool.num_free == 3
     b = SimRequest("b", ids(50, 12), [1])
     assert sorted(policy.allocate_slots(b, 12)) == [1, 2, 3]
+
+
+def test_full_sequence_must_fit_for_a_running_request_counts_the_blocks_it_holds():
+    """The second chunk of a 12-token prompt with 2 blocks free: it holds 1 of the prompt's 3
+    blocks, so the rest (2) fits exactly."""
+    policy = VllmPrefixCaching(num_blocks=4, block_size=4)
+    req = SimRequest("r", ids(0, 12), [1])
+    assert policy.allocate_slots(req, 4) == [1]
+    req.num_computed = 4
+    assert policy.pool.num_free == 2
+    assert policy.allocate_slots(req, 4, full_sequence_must_fit=True) == [2]
+    req.num_computed = 8
+    assert policy.allocate_slots(req, 4, full_sequence_must_fit=True) == [3]
+    assert policy.block_ids("r") == [1, 2, 3] and policy.pool.num_free == 0
