@@ -84,3 +84,29 @@ def test_a_replay_that_differs_says_so_per_request_and_at_the_end(replayed, caps
     lines = words(out)
     assert [row[-1] for row in lines[4:6]] == ["DIFFERS", "DIFFERS"]
     assert out.splitlines()[-1] == "failed: replay differs beyond 1e-05 x (1 + |x|)"
+
+
+def spans(line: str) -> list[tuple[int, int]]:
+    import re
+
+    return [m.span() for m in re.finditer(r"\S+", line)]
+
+
+def test_replay_tables_are_aligned_flush_left_numbers_right(replayed, capsys):
+    """Titles and captions start at column 0 (no padding at the edge); in the token table every
+    number ends under the end of its column's header; in the request table the names and block
+    tables start under their headers, the counts end under theirs."""
+    path, _ = replayed
+    code, out, _ = cli(capsys, "replay", str(path), *ARGS)
+    lines = out.splitlines()
+    assert lines[2].startswith("requests") and lines[6].startswith("vs contiguous") and lines[8].startswith("request a, token 5")
+    assert lines[3].startswith("request ") and lines[4].startswith("a ") and lines[10].startswith(" ")
+    head = spans(lines[9])
+    for line in lines[10:16]:
+        assert [end for _, end in spans(line)] == [end for _, end in head], line
+    h = {word: span for word, span in zip(lines[3].split(), spans(lines[3]))}
+    for line in lines[4:6]:
+        cells = spans(line)
+        assert cells[0][0] == h["request"][0] and cells[3][0] == h["block"][0]  # left
+        assert cells[1][1] == h["new"][1] and cells[2][1] == h["seq_len"][1]  # right
+        assert cells[4][1] == h["contiguous"][1] and cells[5][1] == lines[3].index("vs engine") + len("vs engine")
