@@ -3,6 +3,7 @@
     python scripts/mutate.py                 # every group, in the order below
     python scripts/mutate.py engines where   # some of them
     python scripts/mutate.py --list          # the groups, their files and tests
+    python scripts/mutate.py sim --only policy.py   # one file of a group, in .mutmut/sim-policy/
 
 Each group runs in its own work folder, `.mutmut/<group>/` (git-ignored): a copy of
 pagetrace/, tests/, README.md, docs/ and examples/, with a pyproject.toml whose
@@ -48,7 +49,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["pagetrace/sim/baselines.py", "pagetrace/sim/blockpool.py", "pagetrace/sim/causes.py", "pagetrace/sim/cruise.py",
          "pagetrace/sim/parallel.py", "pagetrace/sim/policy.py", "pagetrace/sim/radix.py", "pagetrace/sim/request.py",
          "pagetrace/sim/run.py", "pagetrace/sim/scheduler.py", "pagetrace/sim/summary.py", "pagetrace/sim/workload.py"],
-        ["tests/sim/test_sim.py", "tests/sim/test_sim_boundaries.py", "tests/sim/test_sim_radix.py", "tests/sim/test_sim_digest.py"],
+        ["tests/sim/test_sim.py", "tests/sim/test_sim_boundaries.py", "tests/sim/test_sim_policy.py", "tests/sim/test_sim_blockpool.py", "tests/sim/test_sim_scheduler.py", "tests/sim/test_sim_radix.py", "tests/sim/test_sim_digest.py"],
     ),
     "capacity": (
         ["pagetrace/sim/capacity.py"],
@@ -60,12 +61,21 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/engines/test_engine_boundaries.py", "tests/paging/test_layout_conventions.py", "tests/paging/test_layout_model.py",
          "tests/commands/test_bad_input.py", "tests/commands/test_capacity_where_messages.py", "-k", "where"],
     ),
+    "views": (  # the Rich renderings of lookup, run, simulate and replay
+        ["pagetrace/views/text.py", "pagetrace/views/run.py", "pagetrace/views/sim.py", "pagetrace/views/replay.py"],
+        ["tests/views/test_narrow_output.py", "tests/views/test_terminal_map.py", "tests/views/test_replay_view.py", "tests/views/test_sim_view.py",
+         "tests/commands/test_cli_lookup.py", "tests/commands/test_cli_run.py", "tests/commands/test_cli_run_report.py",
+         "tests/commands/test_cli_simulate.py", "tests/engines/test_engines.py", "tests/engines/test_engine_boundaries.py"],
+    ),
 }
 
 
-def work_folder(group: str) -> Path:
+def work_folder(group: str, only: list[str] | None = None) -> Path:
     files, tests = GROUPS[group]
     folder = WORK / group
+    if only:  # some of the group's files, in a folder of their own: the group's results stay
+        files = [f for f in files if any(f.endswith(o) for o in only)]
+        folder = WORK / (group + "-" + "-".join(Path(f).stem for f in files))
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -91,8 +101,8 @@ def work_folder(group: str) -> Path:
     return folder
 
 
-def run_group(group: str) -> dict:
-    folder = work_folder(group)
+def run_group(group: str, only: list[str] | None = None) -> dict:
+    folder = work_folder(group, only)
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
     # one thread: mutmut forks a child per mutant, and a child of a process whose OpenMP pool
@@ -110,6 +120,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help=f"of {', '.join(GROUPS)}; default: all, in that order")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--only", action="append", metavar="FILE",
+                        help="mutate only the group's files ending so (repeatable); works in .mutmut/<group>-<files>/")
     args = parser.parse_args()
     if args.list:
         for name, (files, tests) in GROUPS.items():
@@ -118,7 +130,10 @@ def main() -> int:
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"unknown group {unknown[0]!r}: one of {', '.join(GROUPS)}")
-    results = [run_group(g) for g in (args.groups or list(GROUPS))]
+    for o in args.only or []:
+        if not any(f.endswith(o) for g in (args.groups or GROUPS) for f in GROUPS[g][0]):
+            parser.error(f"--only {o!r}: no file of the groups named ends so")
+    results = [run_group(g, args.only) for g in (args.groups or list(GROUPS))]
     for s in results:
         killed, survived = s.get("killed", 0), s.get("survived", 0)
         judged = killed + survived
