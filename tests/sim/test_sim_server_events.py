@@ -231,7 +231,10 @@ def test_the_servers_own_trace_predicts_its_events(server, recorded, tmp_path, c
         assert row.get("cache_salt") == client.cache_salt and row.get("n", 1) == 1
         assert row["output_len"] == client.max_tokens and row["output"] in client.outputs
     arrivals = [r["arrival"] for r in sorted(rows, key=lambda r: r["seq"])]
-    assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] == arrivals[-2]  # the two samples arrive together
+    # the steps as the scheduler saw them; n=2's two children usually arrive in one step, but the API
+    # server adds them one by one, so on a loaded machine the second can come a step or two later
+    # (seen in CI: steps 34 and 36). The prediction below takes the steps as recorded either way.
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0
     doc = simulate_json(capsys, server.trace, events)
     cmp = doc["events"]
     assert cmp["gaps"] == [] and cmp["problems"] == [] and cmp["mode"] == "hash", cmp
