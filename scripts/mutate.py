@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutmut"
 COPIED = ["pagetrace", "tests", "README.md", "docs", "examples", "pyproject.toml"]
 NOT_SLOW = "not vllm"
+# groups whose judges include vllm-marked tests that need no engine: the probe's tests call
+# vLLM's CPU cache writer op directly, milliseconds a call
+MARKERS = {"probe": "vllm or not vllm"}
 
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     # group: (files to mutate, pytest arguments selecting the tests that judge them)
@@ -114,6 +117,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "-k", "where",
         ],
     ),
+    "probe": (  # the layout learned from the engine's own cache writer
+        ["pagetrace/engines/probe.py"],
+        [
+            "tests/paging/test_layout_model.py",
+            "tests/commands/test_cli_layouts.py",
+            "-k", "probe or writer",
+        ],
+    ),
     "views": (  # the Rich renderings of lookup, run, simulate and replay
         [
             "pagetrace/views/text.py",
@@ -158,7 +169,7 @@ def work_folder(group: str, only: list[str] | None = None) -> Path:
         'source_paths = ["pagetrace"]',
         f"only_mutate = {json.dumps(files)}",
         'also_copy = ["README.md", "docs", "examples"]',
-        f"pytest_add_cli_args = {json.dumps(['-m', NOT_SLOW, '-p', 'no:cacheprovider', '-q'])}",
+        f"pytest_add_cli_args = {json.dumps(['-m', MARKERS.get(group, NOT_SLOW), '-p', 'no:cacheprovider', '-q'])}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         "timeout_multiplier = 5.0",
         "timeout_constant = 5.0",  # a loaded machine: a failing CLI test can take seconds

@@ -156,7 +156,7 @@ def vllm_cpu_writer(isa: str):
     return write
 
 
-def probe_vllm_cpu(isa: str, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "bf16") -> Probe:
+def probe_vllm_cpu(isa: str, block_size: int, num_kv_heads: int, head_dim: int, dtype: str) -> Probe:
     """Which layout vLLM's installed CPU writer produces for `isa` and these dims."""
     import torch
 

@@ -280,3 +280,138 @@ def test_runs_of_a_tiled_vector_are_said_as_groups():
     )
     assert runs_text([(0, 8)], 2) == "contiguous, 8 elements"
     assert runs_text([(0, 1), (3, 1), (4, 1)], 4) == "3 single elements at irregular gaps (1, 3 elements), at 0, 3, 4"
+
+
+# --- the probe at its edges: what a user's engine writer can do wrong, and the figures it reports
+
+
+def _learn(write, scratch, raw_of=lambda t: t, *, bs=16, h=1, d=8, expected="vllm-cpu", writer="test writer", isa=None):
+    from pagetrace.engines.probe import learn_layout
+
+    return learn_layout(write, scratch, raw_of, block_size=bs, num_kv_heads=h, head_dim=d, dtype="bf16",
+                        expected=expected, writer=writer, isa=isa)
+
+
+@pytest.mark.parametrize("exc, reason", [
+    (RuntimeError("amx needs a block size that is a multiple of 32\n  at cpu_attn.cpp:88"), "amx needs a block size that is a multiple of 32"),
+    (RuntimeError("   "), "RuntimeError"),
+])
+def test_probe_names_a_writer_that_refuses_the_dims_by_its_first_line(exc, reason):
+    from pagetrace.errors import RuntimeFailure
+
+    def write(key, value, kv_cache, slot_mapping):
+        raise exc
+
+    with pytest.raises(RuntimeFailure) as err:
+        _learn(write, torch.empty(3, 2, 16, 2 * 8, dtype=torch.bfloat16), h=2)
+    assert str(err.value) == f"the engine's cache writer refused block size 16, 2 KV heads, head_dim 8: {reason}"
+
+
+def test_probe_refuses_a_buffer_not_in_memory_order_naming_its_strides():
+    from pagetrace.errors import RuntimeFailure
+
+    scratch = torch.empty(3, 1, 16, 2 * 8, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeFailure) as err:
+        _learn(tagged_writer("vllm-cpu"), scratch, lambda t: t.transpose(2, 3))
+    assert str(err.value) == "the probe reads the raw buffer in memory order; this one has strides (256, 256, 1, 16)"
+
+
+def test_probe_does_not_explain_a_writer_that_skips_a_pass():
+    """The writer ignores its second call (the head pass: with one KV head every head digit is 0,
+    so the unwritten read-back even looks right). Only the sign kept across all passes sees that
+    no element was written every time."""
+    from pagetrace.engines.probe import ProbeRefused
+
+    base, calls = tagged_writer("vllm-cpu"), []
+
+    def write(key, value, kv_cache, slot_mapping):
+        calls.append(1)
+        if len(calls) != 2:
+            base(key, value, kv_cache, slot_mapping)
+
+    with pytest.raises(ProbeRefused) as err:
+        _learn(write, torch.empty(3, 1, 16, 2 * 8, dtype=torch.bfloat16))
+    assert len(calls) == 3  # token, head, dim: one base-128 digit each
+    assert "key (block 0, slot 0, head 0, dim 0): the 'vllm-cpu' layout puts it at element 0; the writer did not write it" in str(err.value)
+
+
+def test_probe_finds_a_misplaced_element_past_block_0_where_the_writer_put_it():
+    """Key (block 1, slot 3, dim 0) swapped with key (block 1, slot 12, dim 2): in vllm-cpu's
+    page of 2 * 16 * 8 elements (one head) they sit at 256 + 0 * 16 + 3 = 259 and
+    256 + 2 * 16 + 12 = 300."""
+    from pagetrace.engines.probe import ProbeRefused
+
+    with pytest.raises(ProbeRefused) as err:
+        _learn(tagged_writer("vllm-cpu", shift=(259, 300)), torch.empty(3, 1, 16, 2 * 8, dtype=torch.bfloat16), isa="vec")
+    message = str(err.value)
+    assert message.startswith("test writer (isa vec): no layout of pagetrace's table explains where it wrote the 768 tagged elements; ")
+    assert "key (block 1, slot 3, head 0, dim 0): the 'vllm-cpu' layout puts it at element 259; the writer put it at element 300" in message
+    assert message.endswith(". Capture refused: a bundle would misread this cache")
+
+
+def test_probe_names_a_buffer_shape_no_layout_has():
+    from pagetrace.engines.probe import ProbeRefused
+
+    with pytest.raises(ProbeRefused) as err:
+        _learn(tagged_writer("vllm-cpu"), torch.empty(3, 1, 16, 2 * 8, dtype=torch.bfloat16), lambda t: t.view(3, 16, 16))
+    assert "768 tagged elements; no layout of the table has the raw shape [3, 16, 16]. Capture refused" in str(err.value)
+
+
+def test_probe_goes_on_past_a_layout_that_cannot_split_these_dims():
+    """head_dim 4 in bf16: 'vllm' (keys split by 16 bytes, 8 elements) cannot hold it, and it comes
+    before 'vllm-cpu' in the table; the probe still tries every later entry (amx cannot hold it either)."""
+    found = _learn(tagged_writer("vllm-cpu"), torch.empty(3, 1, 16, 2 * 4, dtype=torch.bfloat16), d=4)
+    assert (found.layout, found.explained_by, list(found.misses)) == ("vllm-cpu", ["vllm-cpu"], ["vllm-hnd"])
+
+
+def test_probe_tries_only_the_combined_layouts_of_the_buffers_shape():
+    """[3, 2, 32, 32] (bf16, head_dim 16) is the raw shape of vllm-hnd (K and V side by side in the
+    last axis), vllm-cpu and vllm-cpu-amx; no other entry is compared, so the misses name those
+    two alone, and the probe's JSON says what it did."""
+    found = _learn(tagged_writer("vllm-cpu"), torch.empty(3, 2, 32, 2 * 16, dtype=torch.bfloat16), bs=32, h=2, d=16)
+    assert (found.layout, found.explained_by, list(found.misses)) == ("vllm-cpu", ["vllm-cpu"], ["vllm-hnd", "vllm-cpu-amx"])
+    assert found.to_json() == {"method": "writer", "writer": "test writer", "isa": None, "scratch_blocks": 3,
+                               "elements": 2 * 3 * 32 * 2 * 16, "layout": "vllm-cpu", "explained_by": ["vllm-cpu"]}
+
+
+@pytest.mark.parametrize("bs, h, d, passes", [
+    (42, 1, 128, 3),   # 126 tokens, 1 head, 128 dims: one digit each
+    (43, 1, 128, 4),   # 129 tokens: two token digits
+    (16, 1, 129, 4),   # 129 dims: two dim digits
+    (16, 128, 8, 3),   # exactly 128 heads: one digit
+])
+def test_probe_takes_one_pass_per_base_128_digit(bs, h, d, passes):
+    """Each pass runs the engine's writer once: as many as the largest coordinate needs digits, no more."""
+    calls = []
+    base = tagged_writer("vllm-cpu")
+
+    def write(*args):
+        calls.append(1)
+        base(*args)
+
+    from pagetrace.engines.probe import read_back
+
+    scratch = torch.empty(3, h, bs, 2 * d, dtype=torch.bfloat16)
+    named = read_back(write, scratch, lambda t: t, bs, h, d)
+    assert len(calls) == passes
+    last = (3 * bs - 1, h - 1, d - 1)  # the value of the last token, head and dim decodes exactly
+    page = h * 2 * bs * d
+    v = 2 * page + (h - 1) * 2 * bs * d + bs * d + (bs - 1) * d + (d - 1)  # block 2, last slot, vec formula
+    assert (int(named["sign"][v]), int(named["token"][v]), int(named["head"][v]), int(named["dim"][v])) == (-1, *last)
+
+
+def test_probe_keeps_the_expected_layout_when_two_coincide():
+    """At block size 1, vllm-cpu (K at d * bs + s) and vllm-hnd (K at s * 2D + d) put every element
+    in the same place: both explain the write, and the layout the engine says it uses is kept (with
+    none said, the first in the table)."""
+    found = _learn(tagged_writer("vllm-cpu"), torch.empty(3, 2, 1, 2 * 8, dtype=torch.bfloat16), bs=1, h=2, expected="vllm-cpu")
+    assert (found.layout, found.explained_by) == ("vllm-cpu", ["vllm-hnd", "vllm-cpu"])
+    assert _learn(tagged_writer("vllm-cpu"), torch.empty(3, 2, 1, 2 * 8, dtype=torch.bfloat16), bs=1, h=2, expected=None).layout == "vllm-hnd"
+
+
+def test_probe_refusal_without_an_isa_names_the_writer_alone():
+    from pagetrace.engines.probe import ProbeRefused
+
+    with pytest.raises(ProbeRefused) as err:
+        _learn(tagged_writer("vllm-cpu", shift=(0, 5)), torch.empty(3, 1, 16, 2 * 8, dtype=torch.bfloat16))
+    assert str(err.value).startswith("test writer: no layout of pagetrace's table explains where it wrote the 768 tagged elements; key (block 0, slot 0")
