@@ -395,6 +395,9 @@ def test_a_step_the_bundle_does_not_hold_is_refused_naming_its_steps(tmp_path):
 
 
 @pytest.mark.parametrize("over,said", [
+    (dict(positions=None), "positions: is missing"),
+    (dict(blocks=None), "blocks: is missing"),
+    (dict(query_start_loc=None), "query_start_loc: is missing"),
     (dict(block_table=np.array([2, 6, 0, 1, 3, 0], dtype=np.int32)), "block_table: has 1 dims, needs 2"),
     (dict(seq_lens=np.array([[5, 5]], dtype=np.int32)), "seq_lens: has 2 dims, needs 1"),
     (dict(blocks=np.array(3, dtype=np.int64)), "blocks: has 0 dims, needs 1"),
