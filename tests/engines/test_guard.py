@@ -317,8 +317,10 @@ def test_the_null_block_under_a_block_not_written_this_step_is_found():
     (8, 1, [0, 6, 5, 0], []),  # tokens 4..11: block 0 is outside, exactly
     (8, 1, [7, 0, 5, 0], ["null"]),
     # a chunk of tokens 8..11: its first token, 8, sees 5..8 with a window of 4 (check.py Checker.visible)
+    (4, 4, [0, 0, 5, 0], ["null"]),
     (4, 4, [0, 6, 5, 0], []),  # token 8 sees 5..8: block 0 (tokens 0..3) outside
     (5, 4, [0, 6, 5, 0], []),  # tokens 4..8: block 0 outside, exactly
+    (6, 4, [0, 6, 5, 0], ["null"]),  # tokens 3..8: block 0 holds token 3
 ])
 def test_the_null_block_outside_a_sliding_window_is_allowed_and_inside_it_is_not(window, qlen, table, found):
     positions = list(range(12 - qlen, 12))
