@@ -350,3 +350,66 @@ def test_narrow_index_dtypes_are_widened_before_any_arithmetic():
     t["block_table"][0, 0] = 0  # logical block 0 on the null block
     ok, found = judged(t, bs=bs, pool=pool, num_tokens=1)
     assert not ok and found == ["null"]
+
+
+def test_far_more_new_tokens_than_tokens_is_a_violation_not_a_crash():
+    # 100 new tokens of a 1-token sequence: positions -99..0 index far before the table's first column
+    t = step([0, 100], [1], [[1, 0, 0, 0]], [4] * 100, [0] * 100)
+    assert verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=BS, num_blocks=POOL) is False
+
+
+def test_a_token_count_the_engine_disagrees_with_is_named_field_by_field():
+    ok, found = run(base(), num_tokens=9)
+    assert not ok and [fields(v) + (v.step, v.message) for v in found] == [
+        ("query", None, None, None, None, None, None, 7, "query_start_loc ends at 8; the engine counts 9 real tokens")]
+    assert line(found[0]) == "pagetrace guard: step 7 · query: query_start_loc ends at 8; the engine counts 9 real tokens"
+
+
+def test_positions_the_engine_did_not_give_are_named_as_wrong_positions():
+    """The model's positions cover r0's 6 tokens only: r1's and r2's are missing, read as -1."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    t = base()
+    tensors = step_tensors(SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"}), BS, t["positions"][:8])
+    tensors["positions"] = tensors["positions"][:6]
+    m = manifest(layout="vllm-cpu", num_blocks=POOL, block_size=BS, num_heads=4, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing="full-blocks")
+    found = name(m, as_step(7, REQS[:3], tensors), 8)
+    assert [(v.check, v.request, v.token, v.message) for v in found] == [
+        ("position", "cmpl-b-0", 8, "positions[6] = -1; new token 0 of a 9-token sequence is at 8"),
+        ("position", "cmpl-c-0", 4, "positions[7] = -1; new token 0 of a 5-token sequence is at 4"),
+    ]
+
+
+def test_the_guard_names_no_page_missing_and_no_dtype():
+    """The engine's tensors are what they are (int32 and int16, not the bundle's dtypes), and
+    the guard stores no page: neither is a violation of the step."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    t = base()
+    t = {k: v.to(torch.int16) for k, v in t.items()}
+    tensors = step_tensors(SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"}), BS, t["positions"][:8])
+    tensors["blocks"] = tensors["blocks"][:0]
+    m = manifest(layout="vllm-cpu", num_blocks=POOL, block_size=BS, num_heads=4, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing="full-blocks")
+    assert name(m, as_step(7, REQS[:3], tensors), 8) == []
+    tensors["slot_mapping"][0] = 13  # and a real violation is still named
+    assert [v.check for v in name(m, as_step(7, REQS[:3], tensors), 8)] == ["slot", "collision"]
+
+
+def test_two_requests_with_the_null_block_outside_their_windows_share_nothing():
+    """vLLM frees the blocks that slid out of a window to its null block: two requests both
+    holding it is no shared block."""
+    # both decode token 11 (window 4: tokens 8..11, logical block 2); logical blocks 0, 1 are the null block
+    t = step([0, 1, 2], [12, 12], [[0, 0, 5, 0], [0, 0, 6, 0]], [5 * BS + 3, 6 * BS + 3, -1], [11, 11, 0])
+    assert judged(t, window=4, sharing="none") == (True, [])
+
+
+@pytest.mark.parametrize("window,found", [(4, []), (5, ["null"])])
+def test_a_request_without_new_tokens_is_judged_by_its_last_tokens_window(window, found):
+    # r0 holds 12 tokens and computes none: its last token, 11, sees 8..11 (window 4) or 7..11 (window 5)
+    t = step([0, 0, 1], [12, 3], [[0, 0, 5, 0], [3, 0, 0, 0]], [14, -1], [2, 0])
+    ok, names = judged(t, window=window)
+    assert (ok, names) == (found == [], found)
