@@ -56,6 +56,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/engines/test_engine_boundaries.py",
             "tests/engines/test_engine_errors.py",
             "tests/engines/test_bundle_documents.py",
+            "tests/engines/test_bundle_manifest.py",
             "tests/engines/test_guard.py",
             "tests/engines/test_vllm_plugin.py",
             "tests/commands/test_bad_input.py",

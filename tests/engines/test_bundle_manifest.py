@@ -587,9 +587,11 @@ def test_a_live_bundle_writes_nothing_before_its_first_step_and_leaves_no_tempor
     assert doc_["steps"] == [{"step": 3, "file": "step-0003.safetensors", "requests": ["a", "b"], "layers": [0, 1], "note": "x"}]
     live.add(5, ["a"], [1], tensors, drop=[3, 99])  # a step never written is no error
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "step-0005.safetensors"]
-    assert (path / "manifest.json").read_text().endswith("}\n")
+    text = (path / "manifest.json").read_text()
+    assert text.endswith("}\n") and '\n  "engine": {\n    "name": "vllm",' in text  # indented for a reader, as BundleWriter's
     live.set("closed", "signal")
-    assert json.loads((path / "manifest.json").read_text())["closed"] == "signal"
+    text = (path / "manifest.json").read_text()
+    assert json.loads(text)["closed"] == "signal" and text.endswith("}\n") and '\n  "closed": "signal"' in text
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "step-0005.safetensors"]
     assert [s["step"] for s in read_manifest(path).steps] == [5]
     with pytest.raises(FileExistsError):  # a folder made since: never written into
