@@ -443,7 +443,9 @@ def layer_bundle(tmp_path, layout="vllm-cpu", **floats):
     folder = tmp_path / "b"
     write(folder, d)
     tensors = {k: torch.from_numpy(v) for k, v in index_tensors().items()}
-    pages = {"vllm-cpu": {"kv": (4, 2, 4, 16)}, "nhd": {"key": (4, 4, 2, 8), "value": (4, 4, 2, 8)}}[layout]
+    pages = {"vllm-cpu": {"kv": (4, 2, 4, 16)}, "nhd": {"key": (4, 4, 2, 8), "value": (4, 4, 2, 8)},
+             # vLLM's first paged attention: key [N, H, D/x, bs, x] with x = 16 bytes of bf16 = 8, value [N, H, D, bs]
+             "vllm": {"key": (4, 2, 1, 4, 8), "value": (4, 2, 8, 4)}}[layout]
     for layer in (0, 1):
         for name, shape in pages.items():
             tensors[f"layer{layer}.{name}"] = torch.full(shape, float(layer), dtype=torch.bfloat16)
@@ -479,6 +481,9 @@ def test_a_layers_tensors_are_its_own_without_the_prefix(tmp_path):
     m, s = layer_bundle(tmp_path, "nhd")
     out = read_layer(m, s, 0)
     assert sorted(out) == ["key", "new_key", "new_value", "output", "query", "value"] and bool((out["value"] == 0).all())
+    m, s = layer_bundle(tmp_path, "vllm")  # key and value of different shapes
+    out = read_layer(m, s, 1)
+    assert (out["key"].shape, out["value"].shape) == ((4, 2, 1, 4, 8), (4, 2, 8, 4))
 
 
 def test_the_optional_layer_tensors_may_all_be_absent(tmp_path):
@@ -506,6 +511,10 @@ def test_a_layer_the_step_did_not_capture_is_refused_naming_its_layers(tmp_path)
      "layer1.kv: has shape (3, 2, 4, 16); 'vllm-cpu' with 4 stored blocks needs (4, 2, 4, 16)"),
     ("nhd", dict(layer1__value=torch.zeros(4, 4, 1, 8, dtype=torch.bfloat16)),
      "layer1.value: has shape (4, 4, 1, 8); 'nhd' with 4 stored blocks needs (4, 4, 2, 8)"),
+    ("vllm", dict(layer1__value=torch.zeros(4, 2, 1, 4, 8, dtype=torch.bfloat16)),  # the value shaped as the key
+     "layer1.value: has shape (4, 2, 1, 4, 8); 'vllm' with 4 stored blocks needs (4, 2, 8, 4)"),
+    ("vllm", dict(layer1__key=torch.zeros(4, 2, 8, 4, dtype=torch.bfloat16)),
+     "layer1.key: has shape (4, 2, 8, 4); 'vllm' with 4 stored blocks needs (4, 2, 1, 4, 8)"),
     ("vllm-cpu", dict(layer1__kv=torch.zeros(4, 2, 4, 16, dtype=torch.float16)), "layer1.kv: is torch.float16; the manifest's kv_cache.dtype is bf16"),
     ("nhd", dict(layer1__value=torch.zeros(4, 4, 2, 8)), "layer1.value: is torch.float32; the manifest's kv_cache.dtype is bf16"),
     ("vllm-cpu", dict(layer1__new_value=None), "layer1.new_value: is missing; a step stores the new keys and values together"),
