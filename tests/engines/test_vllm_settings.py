@@ -196,3 +196,28 @@ def test_the_last_layer_is_a_layer_and_one_past_it_is_not(tmp_path, monkeypatch)
     assert s.problem_with(config()) == "invalid value for PAGETRACE_LAYERS: '2,3': layer 2 does not exist; the model has layers 0..1"
     # without a capture nothing is kept: no ring to check (the guard alone)
     assert Settings.from_env({"PAGETRACE_GUARD": "raise"}).problem_with(config(layers=1)) is None
+
+
+def test_the_smallest_step_counts_the_heads_of_this_rank(tmp_path, monkeypatch):
+    """With tensor parallelism vLLM's model config gives each rank its share of the heads
+    (`get_num_kv_heads(parallel_config)`): two ranks hold 4 query and 1 KV head each."""
+    cfg = config()
+    pc = SimpleNamespace(tensor_parallel_size=2)
+    cfg.parallel_config = pc
+    cfg.model_config.get_num_attention_heads = lambda p: 8 // p.tensor_parallel_size
+    cfg.model_config.get_num_kv_heads = lambda p: 2 // p.tensor_parallel_size
+    # per layer: a page of 2 x 16 x 1 x 64 x 2 = 4,096 bytes, a token's (2 x 4 + 2 x 1) x 64 x 2 = 1,280
+    need = 2 * (4096 + 1280) + 44
+    monkeypatch.setenv("PAGETRACE_RING_MIB", repr((need - 1) / (1 << 20)))
+    s = Settings.from_env({"PAGETRACE_CAPTURE": str(tmp_path / "b"), "PAGETRACE_RING_MIB": repr((need - 1) / (1 << 20))})
+    assert f"is {need} bytes" in s.problem_with(cfg)
+
+
+def test_a_last_block_plant_uses_the_servers_block_size(monkeypatch):
+    """In a server `last` is found with the engine's block size (here 4), not the default 16."""
+    import pagetrace.engines.vllm_plugin as plugin
+
+    monkeypatch.setattr(plugin, "_SESSION", SimpleNamespace(recorder=SimpleNamespace(block_size=4)))
+    md = SimpleNamespace(block_table=torch.tensor([[1, 2, 3, 0]]), slot_mapping=torch.tensor([40]), seq_lens=torch.tensor([9]))
+    parse_plants("0:table:0:last:7")[0][0](md)  # token 8 is in logical block 2 of blocks of 4 (0 of blocks of 16)
+    assert md.block_table.tolist() == [[1, 2, 7, 0]]
