@@ -53,12 +53,18 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "pagetrace/engines/replay.py",
             "pagetrace/engines/sglang.py",
             "pagetrace/engines/views.py",
+            "pagetrace/engines/vllm_plugin.py",
         ],
         [
             "tests/engines/test_engines.py",
             "tests/engines/test_engine_boundaries.py",
             "tests/engines/test_engine_errors.py",
             "tests/engines/test_bundle_documents.py",
+            "tests/engines/test_bundle_manifest.py",
+            "tests/engines/test_guard.py",
+            "tests/engines/test_vllm_plugin.py",
+            "tests/engines/test_vllm_settings.py",
+            "tests/commands/test_bad_input.py",
         ],
     ),
     "sim": (

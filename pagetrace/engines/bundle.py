@@ -259,6 +259,8 @@ def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -
                 if name not in names:
                     raise BundleError(file, name, "is missing")
                 arrays[name] = f.get_tensor(name)
+    except BundleError:  # a tensor missing: named as it is, not as an unreadable file (BundleError is a ValueError)
+        raise
     except FileNotFoundError:
         raise BundleError(file, "file", "is missing") from None
     except (SafetensorError, OSError, ValueError, TypeError) as exc:

@@ -12,7 +12,7 @@ would sync a GPU to learn their size):
                 tokens than tokens, ends inside slot_mapping; slot padding is padding
     capacity    each seq_len fits its table row
     pool        every entry a token needs lies in the pool
-    null        no visible token on the null block
+    null        no visible token on the null block (a window's: its first new token's)
     slot        slot_mapping[i] == table[pos // bs] * bs + pos % bs for every new token
     position    the model's positions[i] == seq_len - query_len + k
     collision   no two new tokens write one slot
@@ -81,7 +81,10 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     in_pool = (table >= 0) & (table < num_blocks)
     entry_bad = used & ~in_pool
     if null_block is not None:
-        visible = used if sliding_window is None else used & ((j + 1) * bs > (lens - sliding_window).view(-1, 1))
+        # with a window w the first new token, at p = seq_len - query_len, sees the most: keys p - w + 1..p
+        # (check.py Checker.visible; a request without new tokens by its last token's window)
+        first = lens - qlen.clamp(min=1)
+        visible = used if sliding_window is None else used & ((j + 1) * bs > (first - sliding_window + 1).view(-1, 1))
         entry_bad |= visible & (table == null_block)
     fails.append(entry_bad)
     # sharing, per physical block over the entries that use it (scatter into one bin per block,

@@ -228,3 +228,188 @@ def test_the_vectorised_guard_agrees_with_check(case):
     REQS.extend(f"r{i}" for i in range(len(REQS), 4))
     ok, found = run(t, num_tokens=n)
     assert ok == (found == []), (t, [fields(v) for v in found])
+
+
+# -- each invariant at its exact boundary, held to check's rules ----------------------------
+
+
+def judged(t, *, bs=BS, pool=POOL, null_block=0, sharing="full-blocks", window=None, num_tokens=None):
+    """The verdict and check's names for one step, tensors as the engine holds them (buffers
+    longer than the step's requests included: vLLM's are sized for max_num_seqs)."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    ok = verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=bs, num_blocks=pool, null_block=null_block,
+                 sharing=sharing, positions=t["positions"], sliding_window=window, num_tokens=num_tokens)
+    m = manifest(layout="vllm-cpu", num_blocks=pool, block_size=bs, num_heads=KVH, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing=sharing,
+                 null_block=null_block, sliding_window=window)
+    r = t["seq_lens"].shape[0]
+    n = int(t["query_start_loc"][r]) if r else 0
+    md = SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"})
+    found = name(m, as_step(0, [f"r{i}" for i in range(r)], step_tensors(md, bs, t["positions"][:n])), num_tokens)
+    return ok, [v.check for v in found]
+
+
+def step(qsl, lens, table, slots, positions, dtype=torch.int32, slot_dtype=torch.int64):
+    return {"query_start_loc": torch.tensor(qsl, dtype=dtype), "seq_lens": torch.tensor(lens, dtype=dtype),
+            "block_table": torch.tensor(table, dtype=dtype).reshape(len(table), -1 if table else 4),
+            "slot_mapping": torch.tensor(slots, dtype=slot_dtype), "positions": torch.tensor(positions, dtype=torch.int64)}
+
+
+def test_a_step_without_requests_is_clean():
+    assert judged(step([0], [], [], [-1, -1], [])) == (True, [])
+
+
+def test_requests_without_new_tokens_are_clean():
+    # r0 holds 5 tokens and computes none this step; r1 decodes its token 2 on block 3
+    assert judged(step([0, 0, 1], [5, 3], [[1, 2, 0, 0], [3, 0, 0, 0]], [14, -1], [2, 0])) == (True, [])
+    # no request computes a token: query_start_loc ends at 0
+    assert judged(step([0, 0], [5], [[1, 2, 0, 0]], [-1, -1], [0, 0]), num_tokens=0) == (True, [])
+
+
+def test_a_slot_mapping_exactly_as_long_as_the_tokens_is_clean():
+    t = base()
+    t["slot_mapping"], t["positions"] = t["slot_mapping"][:8], t["positions"][:8]  # no padding row
+    assert judged(t, num_tokens=8) == (True, [])
+
+
+def test_buffers_sized_for_more_requests_than_the_step_has_are_read_to_its_requests():
+    """vLLM's query_start_loc and block table are persistent buffers of max_num_seqs rows: past
+    the step's requests, query_start_loc repeats its end and the table rows are stale."""
+    t = base()
+    t["query_start_loc"] = torch.tensor([0, 6, 7, 8, 8, 8], dtype=torch.int32)
+    t["block_table"] = torch.cat([t["block_table"], torch.full((2, 4), 99, dtype=torch.int32)])
+    assert judged(t, num_tokens=8) == (True, [])
+
+
+def test_a_table_row_used_to_its_last_column_is_clean():
+    # 16 tokens fill the row's 4 blocks exactly; the decode token 15 is in the last column; a prefill of 16 too
+    assert judged(step([0, 1], [16], [[1, 2, 3, 4]], [4 * BS + 3], [15])) == (True, [])
+    assert judged(step([0, 16], [16], [[1, 2, 3, 4]], [b * BS + o for b in (1, 2, 3, 4) for o in range(BS)], list(range(16)))) == (True, [])
+    # one token more needs a fifth block the row does not have
+    ok, found = judged(step([0, 1], [17], [[1, 2, 3, 4]], [5 * BS], [16]))
+    assert not ok and found == ["capacity"]
+
+
+def test_block_zero_is_a_block_like_any_other_without_a_null_block():
+    """SGLang and FlashInfer have no null block: block 0 holds tokens."""
+    t = step([0, 6], [6], [[0, 1, 0, 0]], [0, 1, 2, 3, 4, 5], list(range(6)))
+    assert judged(t, null_block=None) == (True, [])
+    ok, found = judged(t)  # with vLLM's null block 0 the same table reads the null block
+    assert not ok and found == ["null"]
+
+
+def test_the_null_block_under_a_block_not_written_this_step_is_found():
+    """r1 decodes token 8; its logical block 0 (tokens 0..3, written steps ago) is the null
+    block: no slot of this step is wrong, only the null check sees it."""
+    t = base()
+    t["block_table"][1, 0] = 0
+    ok, found = judged(t, num_tokens=8)
+    assert not ok and found == ["null"]
+
+
+@pytest.mark.parametrize("window,qlen,table,found", [
+    # a decode of token 11 with a window of 4 sees tokens 8..11: logical block 2 only
+    (4, 1, [0, 0, 5, 0], []),
+    (5, 1, [0, 0, 5, 0], ["null"]),  # a window of 5 sees token 7, in logical block 1: one token past the boundary
+    (9, 1, [0, 6, 5, 0], ["null"]),  # tokens 3..11: block 0 holds token 3
+    (8, 1, [0, 6, 5, 0], []),  # tokens 4..11: block 0 is outside, exactly
+    (8, 1, [7, 0, 5, 0], ["null"]),
+    # a chunk of tokens 8..11: its first token, 8, sees 5..8 with a window of 4 (check.py Checker.visible)
+    (4, 4, [0, 0, 5, 0], ["null"]),
+    (4, 4, [0, 6, 5, 0], []),  # token 8 sees 5..8: block 0 (tokens 0..3) outside
+    (5, 4, [0, 6, 5, 0], []),  # tokens 4..8: block 0 outside, exactly
+    (6, 4, [0, 6, 5, 0], ["null"]),  # tokens 3..8: block 0 holds token 3
+])
+def test_the_null_block_outside_a_sliding_window_is_allowed_and_inside_it_is_not(window, qlen, table, found):
+    positions = list(range(12 - qlen, 12))
+    slots = [table[p // BS] * BS + p % BS for p in positions]
+    ok, names = judged(step([0, qlen], [12], [table], slots + [-1], positions + [0]), window=window)
+    assert (ok, names) == (found == [], found)
+
+
+def test_two_requests_recomputing_one_slot_of_a_shared_block_collide():
+    """Two identical 4-token prompts share their full block 1 (prefix caching) and both
+    recompute its last token, 3: both write slot 7."""
+    ok, found = judged(step([0, 1, 2], [4, 4], [[1, 0, 0, 0], [1, 0, 0, 0]], [7, 7, -1], [3, 3, 0]))
+    assert not ok and found == ["collision"]
+    # one of them alone is clean: prefix caching's recompute of a cached block's token
+    assert judged(step([0, 1], [4], [[1, 0, 0, 0]], [7, -1], [3, 0])) == (True, [])
+
+
+def test_narrow_index_dtypes_are_widened_before_any_arithmetic():
+    """A 32,760-token request in int16 tensors (a 32k context), blocks of 16 from a pool of
+    4,096: seq_len + 15 and block x 16 pass int16's 32,767, so the guard must widen first."""
+    bs, pool, width = 16, 4096, 2048
+    row = list(range(pool - width, pool))  # blocks 2048..4095; the decode token 32,759 is on block 4095
+    t = {"query_start_loc": torch.tensor([0, 1], dtype=torch.int16), "seq_lens": torch.tensor([32760], dtype=torch.int16),
+         "block_table": torch.tensor([row], dtype=torch.int16), "slot_mapping": torch.tensor([4095 * bs + 7, -1], dtype=torch.int32),
+         "positions": torch.tensor([32759, 0], dtype=torch.int16)}
+    assert judged(t, bs=bs, pool=pool, num_tokens=1) == (True, [])
+    t["block_table"][0, 0] = 0  # logical block 0 on the null block
+    ok, found = judged(t, bs=bs, pool=pool, num_tokens=1)
+    assert not ok and found == ["null"]
+
+
+def test_far_more_new_tokens_than_tokens_is_a_violation_not_a_crash():
+    # 100 new tokens of a 1-token sequence: positions -99..0 index far before the table's first column
+    t = step([0, 100], [1], [[1, 0, 0, 0]], [4] * 100, [0] * 100)
+    assert verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=BS, num_blocks=POOL) is False
+
+
+def test_a_token_count_the_engine_disagrees_with_is_named_field_by_field():
+    ok, found = run(base(), num_tokens=9)
+    assert not ok and [fields(v) + (v.step, v.message) for v in found] == [
+        ("query", None, None, None, None, None, None, 7, "query_start_loc ends at 8; the engine counts 9 real tokens")]
+    assert line(found[0]) == "pagetrace guard: step 7 · query: query_start_loc ends at 8; the engine counts 9 real tokens"
+
+
+def test_positions_the_engine_did_not_give_are_named_as_wrong_positions():
+    """The model's positions cover r0's 6 tokens only: r1's and r2's are missing, read as -1."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    t = base()
+    tensors = step_tensors(SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"}), BS, t["positions"][:8])
+    tensors["positions"] = tensors["positions"][:6]
+    m = manifest(layout="vllm-cpu", num_blocks=POOL, block_size=BS, num_heads=4, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing="full-blocks")
+    found = name(m, as_step(7, REQS[:3], tensors), 8)
+    assert [(v.check, v.request, v.token, v.message) for v in found] == [
+        ("position", "cmpl-b-0", 8, "positions[6] = -1; new token 0 of a 9-token sequence is at 8"),
+        ("position", "cmpl-c-0", 4, "positions[7] = -1; new token 0 of a 5-token sequence is at 4"),
+    ]
+
+
+def test_the_guard_names_no_page_missing_and_no_dtype():
+    """The engine's tensors are what they are (int32 and int16, not the bundle's dtypes), and
+    the guard stores no page: neither is a violation of the step."""
+    from types import SimpleNamespace
+
+    from pagetrace.engines.vllm import step_tensors
+
+    t = base()
+    t = {k: v.to(torch.int16) for k, v in t.items()}
+    tensors = step_tensors(SimpleNamespace(**{k: v for k, v in t.items() if k != "positions"}), BS, t["positions"][:8])
+    tensors["blocks"] = tensors["blocks"][:0]
+    m = manifest(layout="vllm-cpu", num_blocks=POOL, block_size=BS, num_heads=4, num_kv_heads=KVH, head_dim=D, dtype="bf16", sharing="full-blocks")
+    assert name(m, as_step(7, REQS[:3], tensors), 8) == []
+    tensors["slot_mapping"][0] = 13  # and a real violation is still named
+    assert [v.check for v in name(m, as_step(7, REQS[:3], tensors), 8)] == ["slot", "collision"]
+
+
+def test_two_requests_with_the_null_block_outside_their_windows_share_nothing():
+    """vLLM frees the blocks that slid out of a window to its null block: two requests both
+    holding it is no shared block."""
+    # both decode token 11 (window 4: tokens 8..11, logical block 2); logical blocks 0, 1 are the null block
+    t = step([0, 1, 2], [12, 12], [[0, 0, 5, 0], [0, 0, 6, 0]], [5 * BS + 3, 6 * BS + 3, -1], [11, 11, 0])
+    assert judged(t, window=4, sharing="none") == (True, [])
+
+
+@pytest.mark.parametrize("window,found", [(4, []), (5, ["null"])])
+def test_a_request_without_new_tokens_is_judged_by_its_last_tokens_window(window, found):
+    # r0 holds 12 tokens and computes none: its last token, 11, sees 8..11 (window 4) or 7..11 (window 5)
+    t = step([0, 0, 1], [12, 3], [[0, 0, 5, 0], [3, 0, 0, 0]], [14, -1], [2, 0])
+    ok, names = judged(t, window=window)
+    assert (ok, names) == (found == [], found)
