@@ -1,0 +1,206 @@
+"""The simulator's figures on small workloads counted here by hand: each prompt token's
+hit/miss cause, the waste of the Orca baselines and of paging, the summary's document,
+and the occupancy map.
+
+Every expectation below is worked out in the comments from the rules the modules follow
+(vLLM's lookup of whole blocks of the first `num_tokens - 1` tokens, its free queue, SGLang's
+whole-leaf eviction, Orca's first-fit contiguous reservation), not read off a run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagetrace.sim.baselines import FirstFit, Waste, contiguous_waste, paged_waste
+from pagetrace.sim.request import SimRequest
+from pagetrace.sim.run import CACHED, FREE, simulate
+from pagetrace.sim.summary import summarize
+
+
+def ids(start, stop):
+    return list(range(start, stop))
+
+
+def why(result):
+    """Each request's causes, the zero ones left out."""
+    return {r.request_id: {k: v for k, v in r.why.items() if v} for r in result.requests}
+
+
+# -- causes ------------------------------------------------------------------------------
+#
+# Block size 4, a pool large enough that nothing is evicted; one request at a time (each
+# arrives after the one before has finished: one prefill step, one output token).
+#   A  tokens 1-8 + [100]            lookup 2 blocks (8 of 9 tokens), first seen 8, partial 1
+#   D  tokens 1-8 + [300], salt s    A's blocks under another key: the same tokens were cached
+#                                    without a salt (in ever_cached): different extra key 8
+#   P  tokens 50-57 + [1], salt s    never seen: first seen 8
+#   E  tokens 50-57 + [2], salt t    cached only under salt s (ever_cached_content): different key 8
+#   F  tokens 50-57 + [3], no salt   cached only salted: different extra key 8 (the unsalted chain)
+#   C  tokens 1-8 exactly            ends on a block boundary: only 7 tokens are looked up, one
+#                                    whole block: hit 4, partial 4 (the second block)
+#   G  tokens 1-8 + [400], salt s    D's chain: hit 8, partial 1
+SALTED = {
+    "A": {"partial block": 1, "first seen": 8},
+    "D": {"partial block": 1, "different extra key": 8},
+    "P": {"partial block": 1, "first seen": 8},
+    "E": {"partial block": 1, "different extra key": 8},
+    "F": {"partial block": 1, "different extra key": 8},
+    "C": {"hit": 4, "partial block": 4},
+    "G": {"hit": 8, "partial block": 1},
+}
+
+
+def salted_workload():
+    return [
+        SimRequest("A", ids(1, 9) + [100], [1]),
+        SimRequest("D", ids(1, 9) + [300], [1], arrival=1, cache_salt="s"),
+        SimRequest("P", ids(50, 58) + [1], [1], arrival=2, cache_salt="s"),
+        SimRequest("E", ids(50, 58) + [2], [1], arrival=3, cache_salt="t"),
+        SimRequest("F", ids(50, 58) + [3], [1], arrival=4),
+        SimRequest("C", ids(1, 9), [1], arrival=5),
+        SimRequest("G", ids(1, 9) + [400], [1], arrival=6, cache_salt="s"),
+    ]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_causes_of_salted_and_unsalted_prompts_request_by_request(policy):
+    result = simulate(salted_workload(), 64, 4, policy=policy)
+    assert why(result) == SALTED
+    assert result.causes == {"hit": 12, "partial block": 10, "evicted": 0, "different extra key": 24, "first seen": 16}
+
+
+def test_causes_with_caching_off_are_partial_block_and_first_seen_only():
+    """Nothing is cached, so nothing was ever seen: every whole looked-up block is first
+    seen (8 a request, C's one block 4: 52), the rest partial (1 a request, C's 4: 10)."""
+    result = simulate(salted_workload(), 64, 4, enable_caching=False)
+    assert result.causes == {"hit": 0, "partial block": 10, "evicted": 0, "different extra key": 0, "first seen": 52}
+
+
+# Eviction, block size 4, 5 usable blocks:
+#   A  tokens 1-12 + [100] (13 tokens, 4 blocks; 3 full blocks cached: [1-4] [5-8] [9-12]).
+#      vLLM's free queue [1 2 3 4 5]: A takes 1-4; freed tail first, the queue is [5 4 3 2 1].
+#   X  arrives at step 1, 9 own tokens (3 blocks): takes 5, 4 and 3, evicting [9-12].
+#   B  arrives at step 2, tokens 1-16 + [200] (17 tokens): looks up 4 blocks; [1-4] [5-8] hit,
+#      [9-12] was cached and evicted, [13-16] is first seen; 1 token partial.
+# SGLang: A's 12 tokens are one leaf of 3 pages; X needs 3 pages with 2 free (5 and A's
+# unaligned tail page) and evicts a whole leaf: all of A's. B: evicted 12, first seen 4.
+EVICTED = {
+    "vllm": {"hit": 8, "partial block": 1, "evicted": 4, "first seen": 4},
+    "sglang": {"partial block": 1, "evicted": 12, "first seen": 4},
+}
+
+
+@pytest.mark.parametrize("salt", [None, "s"])
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_an_evicted_block_and_the_first_seen_one_after_it(policy, salt):
+    reqs = [SimRequest("A", ids(1, 13) + [100], [1], cache_salt=salt), SimRequest("X", ids(500, 509), [1], arrival=1),
+            SimRequest("B", ids(1, 17) + [200], [1], arrival=2, cache_salt=salt)]
+    result = simulate(reqs, 6, 4, policy=policy)
+    assert why(result)["B"] == EVICTED[policy]
+    assert [s.evicted for s in result.steps][:2] == ([0, 1] if policy == "vllm" else [0, 3])
+
+
+# -- Orca's baselines ----------------------------------------------------------------------
+
+
+def test_orca_admits_a_request_arriving_while_another_runs_at_its_step():
+    """Oracle, 12 slots. A: prompt 3, 4 outputs (final 6), from step 0; B: prompt 2, 2
+    outputs (final 3), arrives at step 2.
+      step 0: A [0,6) stores 3: tokens 3, reserved 3
+      step 1: A stores 4: tokens 4, reserved 2
+      step 2: B [6,9) stores 2, A 5: tokens 7, reserved 1 + 1
+      step 3: A stores 6, B 3: both finish, nothing measured.
+    """
+    reqs = [SimRequest("A", ids(0, 3), [1, 2, 3, 4]), SimRequest("B", ids(10, 12), [1, 2], arrival=2)]
+    w = contiguous_waste(reqs, 12, "oracle", 8)
+    assert (w.token_states, w.reservation, w.internal, w.external, w.steps, w.peak_running) == (14, 7, 0, 0, 4, 2)
+
+
+def test_orca_runs_at_most_256_requests_at_once_by_default():
+    reqs = [SimRequest(str(i), [i], [1, 2]) for i in range(257)]  # each stores 1 then 2 (final 2)
+    w = contiguous_waste(reqs, 1000, "oracle", 8)
+    # step 0: 256 store 1, the 257th waits (max_num_seqs); step 1: the 256 are still running when
+    # admission runs, then store 2 and finish; step 2: the 257th stores 1; step 3: it finishes
+    assert (w.steps, w.peak_running, w.token_states, w.reservation) == (4, 256, 256 + 1, 256 + 1)
+
+
+def test_summary_passes_max_num_seqs_to_the_baselines():
+    """The hand workload of test_sim_boundaries.py (R1 3+2, R2 1+4, R3 3+2, R4 7+2 tokens) in 12
+    slots, one request at a time: R1 (3,1), R2 (1,3) (2,2) (3,1), R3 (3,1), R4 (7,1), each also
+    finishing in a step of its own: 10 steps, tokens 19, reserved 9; no request ever waits
+    for a hole, so no external fragmentation. Max additionally wastes 4 slots a step in the
+    first three (size 8 against final 4): 5 steps measured, 20."""
+    reqs = [SimRequest("R1", ids(0, 3), [1, 2]), SimRequest("R2", ids(10, 11), [1, 2, 3, 4]),
+            SimRequest("R3", ids(20, 23), [1, 2]), SimRequest("R4", ids(30, 37), [1, 2])]
+    result = simulate(reqs, 4, 4, enable_caching=False, max_model_len=8)
+    s = summarize(result, result.causes, 4, 8, 1)
+    got = {w.system: (w.token_states, w.reservation, w.internal, w.external, w.steps, w.peak_running) for w in s.waste}
+    assert got == {
+        "vLLM (paged)": (19, 0, 9, 0, 4, 3),  # the scheduler's own max_num_seqs is not summarize's
+        "Orca (Max)": (19, 9, 20, 0, 10, 1),
+        "Orca (Pow2)": (19, 9, 0, 0, 10, 1),
+        "Orca (Oracle)": (19, 9, 0, 0, 10, 1),
+    }
+
+
+def test_waste_document_and_the_paged_default_label():
+    w = Waste("Orca (Pow2)", token_states=6, reservation=3, internal=2, external=1, steps=4, peak_running=2)
+    assert w.to_json() == {
+        "system": "Orca (Pow2)",
+        "slot_steps": {"token states": 6, "reservation": 3, "internal fragmentation": 2, "external fragmentation": 1},
+        "shares": {"token states": 0.5, "reservation": 0.25, "internal fragmentation": 2 / 12, "external fragmentation": 1 / 12},
+        "steps": 4,
+        "peak_running": 2,
+    }
+    assert paged_waste([], 16).system == "vLLM (paged)"
+
+
+def test_first_fit_merges_a_freed_range_with_the_hole_before_among_several():
+    """Ranges [0,2) [2,5) [5,8) [8,12); free [0,2) and [8,12): holes of 2 and 4. Freeing [2,5)
+    joins the hole before it ([0,5)), not the one after: a request of 5 then fits at 0."""
+    pool = FirstFit(12)
+    assert [pool.allocate(n) for n in (2, 3, 3, 4)] == [0, 2, 5, 8]
+    pool.free(0, 2)
+    pool.free(8, 4)
+    pool.free(2, 3)
+    assert (pool.starts, pool.sizes) == ([0, 8], [5, 4])
+    assert pool.allocate(5) == 0
+
+
+# -- the summary ---------------------------------------------------------------------------
+
+
+def test_summary_shares_by_cause_and_its_cache_label():
+    """SALTED's totals over its 62 prompt tokens (six of 9, C's 8), under SGLang's cache (its label kept)."""
+    result = simulate(salted_workload(), 64, 4, policy="sglang")
+    s = summarize(result, result.causes, 4, 64, 256)
+    doc = s.to_json()
+    assert s.cache == "SGLang (radix)" and doc["prompt_tokens"] == 62
+    assert doc["share_by_cause"] == {"hit": 12 / 62, "partial block": 10 / 62, "evicted": 0.0, "different extra key": 24 / 62,
+                                     "first seen": 16 / 62}
+    assert doc["hit_rate"] == 12 / 62
+
+
+def test_summary_of_a_run_without_requests():
+    result = simulate([], 8, 4)
+    doc = summarize(result, result.causes or dict.fromkeys(("hit", "partial block", "evicted", "different extra key", "first seen"), 0),
+                    4, 16, 256).to_json()
+    assert (doc["steps"], doc["prompt_tokens"], doc["peak_used_blocks"], doc["peak_running"], doc["hit_rate"]) == (0, 0, 0, 0, 0.0)
+    assert set(doc["share_by_cause"].values()) == {0.0}
+    assert [w["steps"] for w in doc["waste"]] == [0, 0, 0, 0]
+
+
+# -- the occupancy map -----------------------------------------------------------------------
+
+
+def test_occupancy_shows_shared_blocks_once_and_cached_free_blocks():
+    """vLLM, block size 4, 6 usable blocks. A and B (tokens 1-8 + one of their own, 2 outputs)
+    are admitted in step 0: A takes blocks 1, 2, 3; B finds A's two full blocks cached and
+    takes 4 for its own token. Step 0's row: block 0 (null) free, 1 and 2 A's (index 0, the
+    first holder; also in `shared`), 3 A's, 4 B's (index 1), 5 and 6 free. Step 1: both finish;
+    blocks 1 and 2 keep their hashes (cached), 3 and 4 held no full block (free)."""
+    reqs = [SimRequest("A", ids(1, 9) + [100], [1, 2]), SimRequest("B", ids(1, 9) + [200], [1, 2])]
+    result = simulate(reqs, 7, 4, record_occupancy=True)
+    assert result.occupancy == [[FREE, 0, 0, 0, 1, FREE, FREE], [FREE, CACHED, CACHED, FREE, FREE, FREE, FREE]]
+    assert result.shared == [[1, 2], []]
+    assert (FREE, CACHED) == (-1, -2)
