@@ -167,6 +167,18 @@ def test_first_fit_merges_a_freed_range_with_the_hole_before_among_several():
     assert pool.allocate(5) == 0
 
 
+def test_first_fit_merges_a_freed_range_with_the_hole_after_among_several():
+    """Holes [0,2) and [8,12) (ranges [2,5) and [5,8) taken): freeing [5,8) joins the hole after
+    it ([5,12)) and leaves the one before alone; a request of 7 then fits at 5."""
+    pool = FirstFit(12)
+    assert [pool.allocate(n) for n in (2, 3, 3, 4)] == [0, 2, 5, 8]
+    pool.free(0, 2)
+    pool.free(8, 4)
+    pool.free(5, 3)
+    assert (pool.starts, pool.sizes) == ([0, 5], [2, 7])
+    assert pool.allocate(7) == 5
+
+
 # -- the summary ---------------------------------------------------------------------------
 
 
@@ -204,3 +216,97 @@ def test_occupancy_shows_shared_blocks_once_and_cached_free_blocks():
     assert result.occupancy == [[FREE, 0, 0, 0, 1, FREE, FREE], [FREE, CACHED, CACHED, FREE, FREE, FREE, FREE]]
     assert result.shared == [[1, 2], []]
     assert (FREE, CACHED) == (-1, -2)
+
+
+# -- simulate's options ----------------------------------------------------------------------
+
+
+def test_what_a_plain_run_records_and_the_collector_left_as_found():
+    import gc
+
+    result = simulate([SimRequest("A", ids(1, 5), [1])], 8, 4)
+    assert (result.occupancy, result.shared, result.events, result.history, result.group_blocks) == (None, None, None, None, None)
+    assert (result.num_preemptions, result.prefix_requests, result.occupancy_cut) == (0, 0, False)
+    assert gc.isenabled()  # paused for the run only
+    gc.disable()
+    try:
+        simulate([SimRequest("A", ids(1, 5), [1])], 8, 4)
+        assert not gc.isenabled()  # a caller's disabled collector stays disabled
+    finally:
+        gc.enable()
+
+
+def test_kv_events_come_request_by_request_within_a_step():
+    """Block size 4: a (6 prompt tokens) and b (5) fill their first block in step 0 and their
+    second when 8 tokens are computed: a at step 2 (6 + 2 decoded), b at step 3. With a and b
+    both of 6 tokens, step 2 stores a's block then b's, in the order they were scheduled."""
+    reqs = [SimRequest("a", ids(1, 7), ids(100, 110)), SimRequest("b", ids(50, 55), ids(200, 210))]
+    result = simulate(reqs, 16, 4, record_events=True)
+    got = [(step, [(kind, rid, i) for kind, rid, i, _ in events]) for step, events in result.events]
+    assert got[:3] == [(0, [("stored", "a", 0), ("stored", "b", 0)]), (2, [("stored", "a", 1)]), (3, [("stored", "b", 1)])]
+    both = simulate([SimRequest("a", ids(1, 7), ids(100, 110)), SimRequest("b", ids(50, 56), ids(200, 210))], 16, 4, record_events=True)
+    assert [(step, [(rid, i) for _, rid, i, _ in events]) for step, events in both.events][:2] == [(0, [("a", 0), ("b", 0)]), (2, [("a", 1), ("b", 1)])]
+    with pytest.raises(ValueError) as caught:
+        simulate([SimRequest("a", ids(1, 7), [1])], 16, 4, record_events=True, policy="sglang")
+    assert str(caught.value) == "the sglang cache publishes no vLLM KV events"
+
+
+def test_the_history_keeps_between_keep_and_twice_keep_pool_counts():
+    """One request, 2,002 steps (a prompt of 1, 2,002 outputs). The pool is counted at every
+    step until more than 2 x 1000 counts are held (after step 2000's, the 2,001st): then every
+    other step, the odd ones dropped: 1,001 counts, stride 2. keep_steps=10: the stride doubles
+    whenever a 21st count comes; at stride 64 that is step 20 x 64 = 1,280, then stride 128
+    keeps the multiples of 128 up to step 2,001: 0 ... 1,920, 16 counts."""
+    run = lambda **kw: simulate([SimRequest("A", [1], ids(1, 2003))], 130, 16, record_history=True, **kw)  # noqa: E731
+    h = run().history
+    assert len(h.changes) == 2002 and (h.stride, len(h.pool)) == (2, 1001) and min(h.pool) == 0 and max(h.pool) == 2000
+    h = run(keep_steps=10).history
+    assert (h.stride, len(h.pool)) == (128, 16)
+    assert h.pool[0] == (128, 1, 0, 0)  # (free, used, cached, shared) of 129 usable blocks after step 0
+
+
+def hybrid_run(**kw):
+    """tests/sim/test_sim_hybrid.py's case through simulate: one full and one sliding (window
+    40) group, block size 16, 24 blocks; a: a 100-token prompt, 3 outputs; b: the same prompt at step 5."""
+    from pagetrace.sim.hybrid import FULL, SLIDING, KVGroup, LayerKind
+    from pagetrace.sim.scheduler import SchedulerConfig
+
+    prompt = ids(1000, 1100)
+    reqs = [SimRequest("a", prompt, [1, 2, 3]), SimRequest("b", prompt, [4, 5], arrival=5)]
+    groups = [KVGroup(LayerKind(FULL), 1), KVGroup(LayerKind(SLIDING, 40), 1)]
+    return simulate(reqs, 24, 16, config=SchedulerConfig(4096, 8, True), groups=groups, record_history=True, **kw)
+
+
+@pytest.mark.parametrize(("retention", "cached"), [("default", (0, 9)), (0, (0, 9)), (None, (3, 12))])
+def test_a_hybrid_run_by_group_and_what_its_retention_keeps_cached(retention, cached):
+    """Step 0: cdiv(100, 16) = 7 blocks a group, 14 used. Step 1: 100 - 40 + 1 = 61 tokens left
+    the window: the sliding group's first 3 blocks go (it holds 4). vLLM's default retention 0
+    caches none of them (free 12, cached 0); dense (None) keeps them cached (free 9, cached 3).
+    Step 2: a finishes: cached are the full group's 6 full blocks and the sliding group's 3 before
+    the replay boundary (token 99): 9; dense all 6 of its full blocks: 12. b (steps 3-4) hits
+    6 blocks, 96 tokens, and holds 7 + 4 real blocks."""
+    result = hybrid_run() if retention == "default" else hybrid_run(retention=retention)
+    assert result.group_blocks == [[7, 7], [7, 4], [0, 0], [7, 4], [0, 0]]
+    pool = result.history.pool
+    assert pool[0] == (9, 14, 0, 0)
+    assert pool[1] == (12 - cached[0], 11, cached[0], 0) and pool[2] == (23 - cached[1], 0, cached[1], 0)
+    assert [r.num_cached_tokens for r in result.requests] == [0, 96]
+
+
+def test_a_hybrid_request_exactly_the_pool_runs_and_one_block_more_is_refused():
+    """Budget 16 tokens, window 40, block size 16: the sliding group holds at most
+    cdiv(39 + 16, 16) + 1 = 5 blocks of a request; 200 stored tokens need 13 full-group blocks:
+    18 in all. 18 usable blocks run it; 17 refuse it, counting by group."""
+    from pagetrace.sim.hybrid import FULL, SLIDING, KVGroup, LayerKind
+    from pagetrace.sim.scheduler import SchedulerConfig
+
+    groups = [KVGroup(LayerKind(FULL), 1), KVGroup(LayerKind(SLIDING, 40), 1)]
+    cfg = SchedulerConfig(max_num_batched_tokens=16)
+    req = lambda: [SimRequest("a", ids(1, 201), [1])]  # noqa: E731
+    assert simulate(req(), 19, 16, config=cfg, groups=groups).steps[-1].finished == ["a"]
+    with pytest.raises(ValueError) as caught:
+        simulate(req(), 18, 16, config=cfg, groups=groups)
+    assert str(caught.value) == "request a needs 18 blocks of 16 tokens at its longest, more than the 17 usable blocks of the pool"
+    with pytest.raises(ValueError) as caught:
+        simulate(req(), 19, 16, config=cfg, groups=groups, policy="sglang")
+    assert str(caught.value) == "the sglang cache has no KV cache groups; hybrid models run with the vllm policy"
