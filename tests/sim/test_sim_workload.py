@@ -34,11 +34,12 @@ def refusal(text, block_size=4, source="t.jsonl"):
 
 
 P = {"prompt": [1, 2], "output_len": 1}  # a good line
+PAD = "x" * 40  # an unknown field: a line longer than the 40 characters a refusal shows of it
 
 REFUSALS = [
     # JSON and objects
-    (lines(P, "{oops"), ("--trace", "{oops", "trace line 2 is not JSON (Expecting property name enclosed in double quotes)")),
-    (lines("[1, 2]"), ("--trace", "[1, 2]", "trace line 1 is not a JSON object")),
+    (lines(P, "{oops" + "x" * 40), ("--trace", ("{oops" + "x" * 40)[:40], "trace line 2 is not JSON (Expecting property name enclosed in double quotes)")),
+    (lines(list(range(30))), ("--trace", json.dumps(list(range(30)))[:40], "trace line 1 is not a JSON object")),
     (lines(P, HEADER), ("--trace", HEADER[:40], "trace line 2: a header line ('format') is allowed only as the first line")),
     (lines({"id": "a", **P}, {"id": "a", **P}), ("--trace", "a", "trace line 2, field 'id' repeats an earlier request id")),
     # the fields: null, types, minimums
@@ -48,7 +49,8 @@ REFUSALS = [
     (lines({"prompt_len": 2.0, "output_len": 1}), ("--trace", 2.0, "trace line 1, field 'prompt_len' must be an integer")),
     (lines({"prompt_len": 0, "output_len": 1}), ("--trace", 0, "trace line 1, field 'prompt_len': value must be at least 1")),
     (lines({"prompt": [], "output_len": 1}), ("--trace", 0, "trace line 1, field 'prompt': length must be at least 1")),
-    (lines({"prompt": [1, True], "output_len": 1}), ("--trace", "[1, True]", "trace line 1, field 'prompt' must be a list of integer token ids")),
+    (lines({"prompt": [1, True] + list(range(20)), "output_len": 1}),
+     ("--trace", str([1, True] + list(range(20)))[:40], "trace line 1, field 'prompt' must be a list of integer token ids")),
     (lines({"prompt": "12", "output_len": 1}), ("--trace", "12", "trace line 1, field 'prompt' must be a list of integer token ids")),
     (lines({"prompt": [1], "output_len": 0}), ("--trace", 0, "trace line 1, field 'output_len': value must be at least 1")),
     (lines({"prompt": [1], "max_tokens": 0}), ("--trace", 0, "trace line 1, field 'max_tokens': value must be at least 1")),
@@ -65,24 +67,24 @@ REFUSALS = [
     (lines({"prompt": [1], "output_len": 1, "time": True}), ("--trace", True, "trace line 1, field 'time' must be a number of seconds >= 0")),
     (lines({"prompt": [1], "output_len": 1, "time": "1"}), ("--trace", "1", "trace line 1, field 'time' must be a number of seconds >= 0")),
     # what a line must hold
-    (lines({"output_len": 2}), ("--trace", '{"output_len": 2}', "trace line 1 needs 'prompt' or 'prompt_len'")),
-    (lines({"prompt": [1, 2]}), ("--trace", '{"prompt": [1, 2]}', "trace line 1 needs 'output_len' or 'output'")),
+    (lines({"output_len": 2, "note": PAD}), ("--trace", json.dumps({"output_len": 2, "note": PAD})[:40], "trace line 1 needs 'prompt' or 'prompt_len'")),
+    (lines({"prompt": [1, 2], "note": PAD}), ("--trace", json.dumps({"prompt": [1, 2], "note": PAD})[:40], "trace line 1 needs 'output_len' or 'output'")),
     (lines({"prompt_len": 5, "shared_prefix": 6, "output_len": 1}), ("--trace", 6, "trace line 1, field 'shared_prefix' exceeds prompt_len 5")),
     (lines({"prompt_len": 5, "shared_prefix": -1, "output_len": 1}), ("--trace", -1, "trace line 1, field 'shared_prefix': value must be at least 0")),
-    (lines({"prompt": [1], "n": 2, "outputs": [[1]]}),
-     ("--trace", "[[1]]", "trace line 1, field 'outputs' must hold one list of token ids per sample (n=2)")),
+    (lines({"prompt": [1], "n": 2, "outputs": [list(range(30))]}),
+     ("--trace", str([list(range(30))])[:40], "trace line 1, field 'outputs' must hold one list of token ids per sample (n=2)")),
     (lines({"prompt": [1], "outputs": {"a": 1}}),
      ("--trace", "{'a': 1}", "trace line 1, field 'outputs' must hold one list of token ids per sample (n=1)")),
     (lines({"prompt": [1], "n": 2, "outputs": [[1], []]}), ("--trace", 0, "trace line 1, field 'outputs': length must be at least 1")),
     # hashes
     (lines({"prompt_len": 4, "output_len": 1, "block_hashes": [1]}),
      ("--trace", '{"prompt_len": 4, "output_len": 1, "bloc', "trace line 1 has 'block_hashes' but the header does not say hashes_only")),
-    (lines(PRIVATE, {"prompt": [1], "output_len": 1}),
-     ("--trace", '{"prompt": [1], "output_len": 1}', "trace line 2 has 'prompt' token ids in a hashes-only trace")),
-    (lines(PRIVATE, {"prompt_len": 4, "output_len": 1}),
-     ("--trace", '{"prompt_len": 4, "output_len": 1}', "trace line 2 needs 'block_hashes' (the trace is hashes only)")),
-    (lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": [-1]}),
-     ("--trace", "[-1]", "trace line 2, field 'block_hashes' must be a list of non-negative integer block hashes")),
+    (lines(PRIVATE, {"prompt": [1], "output_len": 1, "note": PAD}),
+     ("--trace", json.dumps({"prompt": [1], "output_len": 1, "note": PAD})[:40], "trace line 2 has 'prompt' token ids in a hashes-only trace")),
+    (lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "note": PAD}),
+     ("--trace", json.dumps({"prompt_len": 4, "output_len": 1, "note": PAD})[:40], "trace line 2 needs 'block_hashes' (the trace is hashes only)")),
+    (lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": list(range(20)) + [-1]}),
+     ("--trace", str(list(range(20)) + [-1])[:40], "trace line 2, field 'block_hashes' must be a list of non-negative integer block hashes")),
     (lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": [False]}),
      ("--trace", "[False]", "trace line 2, field 'block_hashes' must be a list of non-negative integer block hashes")),
     (lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "n": 3, "block_hashes": [[1], [2]]}),
@@ -126,7 +128,7 @@ def test_a_trace_read_field_by_field():
         {"id": "x", "prompt": [1], "output_len": 2, "lora_name": "ad", "priority": 5, "time": 0.25},  # line 4
         "",
         {"id": "first", "prompt": [4], "outputs": [[9]], "seq": 1, "arrival": 3, "cache_salt": "t", "lora_name": "ad"},  # line 6
-        {"id": "nul", "prompt": [4], "output_len": 1, "arrival": None},  # line 7: a null arrival is the default
+        {"id": "nul", "prompt": [4], "output_len": 1, "arrival": None, "time": 0},  # line 7: a null arrival is the default
     )
     trace = read_trace(text, 4)
     got = [(r.request_id, list(r.prompt[0:len(r.prompt)]), list(r.output), r.arrival, r.cache_salt, r.group) for r in trace.requests]
@@ -197,3 +199,42 @@ def test_parallel_groups_become_a_prefix_request_each_in_the_first_samples_place
     prefix = feed[1]
     assert (list(prefix.prompt), list(prefix.output), prefix.arrival, prefix.cache_salt, prefix.group) == ([5, 6], [7], 2, "s", None)
     assert {k: [r.request_id for r in v] for k, v in held.items()} == {"g.prefix.prefix": ["g.0", "g.1"]}
+
+
+def test_two_groups_never_get_the_same_prefix_request_id():
+    """Through the Python API (a trace cannot hold both): a plain request "g.prefix", group "g"
+    and group "g.prefix". g's prefix request becomes "g.prefix.prefix" (its first choice is
+    taken); group "g.prefix" would choose that too, so it takes "g.prefix.prefix.prefix"."""
+    reqs = [SimRequest("g.prefix", [1], [2]), SimRequest("g.0", [5], [6], group="g"), SimRequest("g.1", [5], [7], group="g"),
+            SimRequest("g.prefix.0", [8], [9], group="g.prefix"), SimRequest("g.prefix.1", [8], [9], group="g.prefix")]
+    feed, held = split_parallel_groups(reqs)
+    assert [r.request_id for r in feed] == ["g.prefix", "g.prefix.prefix", "g.prefix.prefix.prefix"]
+    assert {k: [r.request_id for r in v] for k, v in held.items()} == {
+        "g.prefix.prefix": ["g.0", "g.1"], "g.prefix.prefix.prefix": ["g.prefix.0", "g.prefix.1"]}
+
+
+def test_the_time_of_a_request_is_a_number_not_below_zero():
+    import math
+
+    option, value, reason = refusal('{"prompt": [1], "output_len": 1, "time": NaN}')  # Python's json reads NaN
+    assert (option, math.isnan(value), reason) == ("--trace", True, "trace line 1, field 'time' must be a number of seconds >= 0")
+    assert len(parse_trace('{"prompt": [1], "output_len": 1, "time": 0}', 4)) == 1
+
+
+def test_a_number_past_pythons_digit_limit_is_not_json():
+    try:
+        int("9" * 5000)
+    except ValueError as exc:
+        why = str(exc).split(";")[0]  # "Exceeds the limit (4300 digits) for integer string conversion..."
+    line = '{"prompt_len": ' + "9" * 5000 + "}"
+    assert refusal(line) == ("--trace", line[:40], f"trace line 1 is not JSON ({why})")
+
+
+def test_one_output_for_every_sample_and_an_empty_hash_list():
+    """`output` with n = 2 is each sample's output; a hashes-only prompt shorter than a block
+    has no hash (an empty list): all its tokens stand-ins, -(base + position + 2)."""
+    reqs = parse_trace('{"id": "o", "prompt": [1], "output": [5, 6], "n": 2}', 4)
+    assert [(r.request_id, list(r.output)) for r in reqs] == [("o.0", [5, 6]), ("o.1", [5, 6])]
+    reqs = parse_trace(lines(PRIVATE, {"prompt_len": 3, "output_len": 1, "block_hashes": []}), 4)
+    b = 3 * UNIQUE_STRIDE
+    assert (list(reqs[0].prompt), list(reqs[0].output)) == ([-(b + 2), -(b + 3), -(b + 4)], [-(b + 5)])
