@@ -238,3 +238,18 @@ def test_one_output_for_every_sample_and_an_empty_hash_list():
     reqs = parse_trace(lines(PRIVATE, {"prompt_len": 3, "output_len": 1, "block_hashes": []}), 4)
     b = 3 * UNIQUE_STRIDE
     assert (list(reqs[0].prompt), list(reqs[0].output)) == ([-(b + 2), -(b + 3), -(b + 4)], [-(b + 5)])
+
+
+def test_poisson_arrivals_accumulate_their_gaps():
+    """Rate 1 a step: the arrival of request i is the (floored) sum of i + 1 exponential gaps
+    of mean 1, so the steps never go down and 20 requests span about 20 steps (here 12, seed 7);
+    independent draws would rarely exceed 3 and go up and down."""
+    arrivals = [r.arrival for r in synthetic(SyntheticSpec(requests=20, prompt_len=(1, 1), output_len=(1, 1), arrival_rate=1.0, seed=7))]
+    assert arrivals == sorted(arrivals) and arrivals[-1] >= 10
+
+
+def test_parse_trace_names_no_file_by_default_and_reads_a_private_trace_at_its_block_size():
+    with pytest.raises(UsageError) as caught:
+        parse_trace("", 4)
+    assert (caught.value.value, caught.value.reason) == ("", "the file is empty: a trace has one JSON request per line")
+    assert [list(r.prompt) for r in parse_trace(lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": [3]}), 4)] == [[3, -1, -1, -1]]
