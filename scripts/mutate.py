@@ -91,6 +91,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_scheduler.py",
             "tests/sim/test_sim_radix.py",
             "tests/sim/test_sim_digest.py",
+            "tests/sim/test_sim_figures.py",
+            "tests/sim/test_sim_workload.py",
         ],
     ),
     "capacity": (

@@ -310,3 +310,31 @@ def test_a_hybrid_request_exactly_the_pool_runs_and_one_block_more_is_refused():
     with pytest.raises(ValueError) as caught:
         simulate(req(), 19, 16, config=cfg, groups=groups, policy="sglang")
     assert str(caught.value) == "the sglang cache has no KV cache groups; hybrid models run with the vllm policy"
+
+
+def test_sglang_occupancy_through_whole_leaf_evictions():
+    """The eviction workload above under SGLang (page size 4, pages 1-5 free, freed pages go to
+    the front of the free list):
+      step 0: A takes 1-4; finished, its 12 whole tokens (pages 1-3) stay in the tree as one
+              leaf (cached) and page 4 is freed: cached 1 2 3, free 4 5
+      step 1: X needs 3 pages, 2 are free: the LRU leaf goes whole (3 pages evicted), X takes
+              1 2 3, inserts its 8 whole tokens (1 2) and frees 3: cached 1 2, free 3 4 5
+      step 2: B needs 5 pages, 3 are free: X's leaf goes (2 more evicted); B inserts its 16
+              whole tokens (4 pages): cached 1-4 in some order, one page free
+    Every page evicted and freed is free again, not cached; 5 pages evicted in all."""
+    reqs = [SimRequest("A", ids(1, 13) + [100], [1]), SimRequest("X", ids(500, 509), [1], arrival=1),
+            SimRequest("B", ids(1, 17) + [200], [1], arrival=2)]
+    result = simulate(reqs, 6, 4, policy="sglang", record_occupancy=True)
+    assert result.occupancy[:2] == [[FREE, CACHED, CACHED, CACHED, FREE, FREE], [FREE, CACHED, CACHED, FREE, FREE, FREE]]
+    assert sorted(result.occupancy[2]) == [CACHED] * 4 + [FREE] * 2
+    assert result.policy.pool.evictions == 5 and [s.evicted for s in result.steps] == [0, 3, 2]
+    assert result.policy.block_ids("B") == [] and result.policy.block_ids("nobody") == []
+    s = summarize(result, result.causes, 4, 17, 256)  # B stores 17 tokens: max_model_len 17
+    # each request finishes in the step it is admitted: measured after the step, no page is held
+    assert (s.evictions, s.usable_blocks, s.peak_used_blocks) == (5, 5, 0)
+
+
+def test_a_run_without_evictions_counts_none():
+    for policy in ("vllm", "sglang"):
+        result = simulate(salted_workload(), 64, 4, policy=policy)
+        assert result.policy.pool.evictions == 0 and summarize(result, result.causes, 4, 64, 256).evictions == 0
