@@ -338,3 +338,13 @@ def test_a_run_without_evictions_counts_none():
     for policy in ("vllm", "sglang"):
         result = simulate(salted_workload(), 64, 4, policy=policy)
         assert result.policy.pool.evictions == 0 and summarize(result, result.causes, 4, 64, 256).evictions == 0
+
+
+def test_sglang_checkpoints_a_one_token_prompt_after_its_prefill():
+    """Page size 1: A's prompt is one token, [7]; its prefill step ends with the page in the
+    tree (SGLang checkpoints every prefill), while A goes on decoding. B ([7, 8]) arrives at
+    step 1 and looks up its first token: a hit of 1, its last token partial. A's own lookup
+    is of 0 tokens: its one token partial."""
+    reqs = [SimRequest("A", [7], [1, 2, 3, 4]), SimRequest("B", [7, 8], [1], arrival=1)]
+    result = simulate(reqs, 16, 1, policy="sglang")
+    assert why(result) == {"A": {"partial block": 1}, "B": {"hit": 1, "partial block": 1}}
