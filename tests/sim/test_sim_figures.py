@@ -104,16 +104,17 @@ def test_an_evicted_block_and_the_first_seen_one_after_it(policy, salt):
 
 
 def test_orca_admits_a_request_arriving_while_another_runs_at_its_step():
-    """Oracle, 12 slots. A: prompt 3, 4 outputs (final 6), from step 0; B: prompt 2, 2
-    outputs (final 3), arrives at step 2.
+    """Oracle, 12 slots. A: prompt 3, 4 outputs (final 6), from step 0; B: prompt 2, 3
+    outputs (final 4), arrives at step 2.
       step 0: A [0,6) stores 3: tokens 3, reserved 3
       step 1: A stores 4: tokens 4, reserved 2
-      step 2: B [6,9) stores 2, A 5: tokens 7, reserved 1 + 1
-      step 3: A stores 6, B 3: both finish, nothing measured.
-    """
-    reqs = [SimRequest("A", ids(0, 3), [1, 2, 3, 4]), SimRequest("B", ids(10, 12), [1, 2], arrival=2)]
+      step 2: B [6,10) stores 2, A 5: tokens 7, reserved 1 + 2
+      step 3: A stores 6 and finishes; B 3: tokens 3, reserved 1
+      step 4: B stores 4 and finishes.
+    (Admitted a step early, B would finish with A: 4 steps.)"""
+    reqs = [SimRequest("A", ids(0, 3), [1, 2, 3, 4]), SimRequest("B", ids(10, 12), [1, 2, 3], arrival=2)]
     w = contiguous_waste(reqs, 12, "oracle", 8)
-    assert (w.token_states, w.reservation, w.internal, w.external, w.steps, w.peak_running) == (14, 7, 0, 0, 4, 2)
+    assert (w.token_states, w.reservation, w.internal, w.external, w.steps, w.peak_running) == (17, 9, 0, 0, 5, 2)
 
 
 def test_orca_runs_at_most_256_requests_at_once_by_default():
