@@ -349,3 +349,16 @@ def test_sglang_checkpoints_a_one_token_prompt_after_its_prefill():
     reqs = [SimRequest("A", [7], [1, 2, 3, 4]), SimRequest("B", [7, 8], [1], arrival=1)]
     result = simulate(reqs, 16, 1, policy="sglang")
     assert why(result) == {"A": {"partial block": 1}, "B": {"hit": 1, "partial block": 1}}
+
+
+def test_a_prompt_past_the_budget_with_chunked_prefill_off_is_refused_for_the_budget():
+    """Chunked prefill off, budget 16: a 20-token prompt can never be scheduled, and the
+    refusal says so (the pool, 63 blocks of 4 tokens, holds it easily). A prompt exactly the
+    budget runs; a request the pool cannot hold is refused for the pool."""
+    from pagetrace.sim.scheduler import SchedulerConfig
+
+    cfg = SchedulerConfig(max_num_batched_tokens=16, enable_chunked_prefill=False)
+    with pytest.raises(ValueError) as caught:
+        simulate([SimRequest("R", ids(0, 20), [1, 2])], 64, 4, config=cfg)
+    assert str(caught.value) == "request R needs 20 tokens in one step with chunked prefill off, more than max_num_batched_tokens=16"
+    assert len(simulate([SimRequest("R", ids(0, 16), [1, 2])], 64, 4, config=cfg).steps) == 2
