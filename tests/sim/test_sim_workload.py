@@ -253,3 +253,31 @@ def test_parse_trace_names_no_file_by_default_and_reads_a_private_trace_at_its_b
         parse_trace("", 4)
     assert (caught.value.value, caught.value.reason) == ("", "the file is empty: a trace has one JSON request per line")
     assert [list(r.prompt) for r in parse_trace(lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": [3]}), 4)] == [[3, -1, -1, -1]]
+
+
+def test_headers_blank_lines_and_defaults_of_a_trace():
+    """A header after blank lines is still the first line (its errors name its own line); a
+    second header is refused; read_trace names no file by default; a prompt_len without
+    shared_prefix is all the request's own ids, (line + 1) * stride on; hash 0 is a hash."""
+    assert refusal('\n\n{"format": "pagetrace-trace", "version": 0}\n' + json.dumps(P)) == (
+        "--trace", 0, "trace line 3: 'version' must be a positive integer")
+    assert refusal(lines(HEADER, HEADER, P)) == (
+        "--trace", HEADER[:40], "trace line 2: a header line ('format') is allowed only as the first line")
+    with pytest.raises(UsageError) as caught:
+        read_trace("", 4)
+    assert caught.value.value == ""
+    (req,) = parse_trace(lines({"prompt_len": 2, "output_len": 1}), 4)
+    assert list(req.prompt[0:2]) == [2 * UNIQUE_STRIDE, 2 * UNIQUE_STRIDE + 1]
+    (req,) = parse_trace(lines(PRIVATE, {"prompt_len": 4, "output_len": 1, "block_hashes": [0]}), 4)
+    assert list(req.prompt) == [0, -1, -1, -1]
+
+
+def test_one_hash_list_for_every_sample_and_their_own_stand_in_ids():
+    """n = 2 with one flat list: both samples have its hashes; past them each sample's
+    stand-ins are its own, a 64th of a stride apart: -(base + k * stride // 64 + position + 2)."""
+    reqs = parse_trace(lines(PRIVATE, {"id": "s", "prompt_len": 5, "output_len": 1, "n": 2, "block_hashes": [6]}), 4)
+    b = 3 * UNIQUE_STRIDE
+    assert [(r.request_id, list(r.prompt), list(r.output)) for r in reqs] == [
+        ("s.0", [6, -1, -1, -1, -(b + 4 + 2)], [-(b + 5 + 2)]),
+        ("s.1", [6, -1, -1, -1, -(b + UNIQUE_STRIDE // 64 + 4 + 2)], [-(b + UNIQUE_STRIDE // 64 + 5 + 2)]),
+    ]
