@@ -362,3 +362,32 @@ def test_a_prompt_past_the_budget_with_chunked_prefill_off_is_refused_for_the_bu
         simulate([SimRequest("R", ids(0, 20), [1, 2])], 64, 4, config=cfg)
     assert str(caught.value) == "request R needs 20 tokens in one step with chunked prefill off, more than max_num_batched_tokens=16"
     assert len(simulate([SimRequest("R", ids(0, 16), [1, 2])], 64, 4, config=cfg).steps) == 2
+
+
+def test_kv_events_name_the_request_whose_allocation_dropped_a_hash():
+    """16 blocks of 2 tokens, four requests decoding side by side until the pool runs out and
+    allocations evict cached blocks. `simulate(record_events=True)` must give, step by step,
+    the events of a scheduler stepped explicitly, request by request (cruising off): each
+    removal is the request's whose allocation dropped it, in scheduling order. (Cruising batches
+    a step's allocations: it would pin step 5's removal on request 3, not 1.)"""
+    from sim_drive import drive
+
+    from pagetrace.sim.policy import VllmPrefixCaching
+    from pagetrace.sim.scheduler import Scheduler
+
+    def reqs():
+        return [SimRequest("0", [3, 3, 3, 3, 1, 2], ids(100, 104)), SimRequest("1", [1, 2, 2], ids(100, 104), arrival=3),
+                SimRequest("2", [1, 3, 1, 1, 3, 1, 2, 2, 1], ids(100, 107), arrival=1), SimRequest("3", [1, 3], ids(100, 110), arrival=3)]
+
+    policy = VllmPrefixCaching(16, 2)
+    log = policy.record_events()
+    sched = Scheduler(policy)
+    sched.cruise = False
+    expected = []
+    for step, _ in enumerate(drive(sched, reqs(), 100)):
+        if log:
+            expected.append((step, list(log)))
+            log.clear()
+    got = simulate(reqs(), 16, 2, record_events=True).events
+    assert got == expected
+    assert [e for e in dict(got)[5] if e[0] == "removed"][0][2] == "1"
