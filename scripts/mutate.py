@@ -4,6 +4,7 @@
     python scripts/mutate.py engines where   # some of them
     python scripts/mutate.py --list          # the groups, their files and tests
     python scripts/mutate.py sim --only policy.py   # one file of a group, in .mutmut/sim-policy/
+    python scripts/mutate.py sim --only radix.py --without test_sim_digest.py   # without a slow test file
 
 Each group runs in its own work folder, `.mutmut/<group>/` (git-ignored): a copy of
 pagetrace/, tests/, README.md, docs/ and examples/, with a pyproject.toml whose
@@ -99,6 +100,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_scheduler.py",
             "tests/sim/test_sim_radix.py",
             "tests/sim/test_sim_digest.py",
+            "tests/sim/test_sim_figures.py",
+            "tests/sim/test_sim_workload.py",
         ],
     ),
     "capacity": (
@@ -154,12 +157,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def work_folder(group: str, only: list[str] | None = None) -> Path:
+def work_folder(group: str, only: list[str] | None = None, without: list[str] | None = None) -> Path:
     files, tests = GROUPS[group]
     folder = WORK / group
     if only:  # some of the group's files, in a folder of their own: the group's results stay
         files = [f for f in files if any(f.endswith(o) for o in only)]
         folder = WORK / (group + "-" + "-".join(Path(f).stem for f in files))
+    if without:  # the group's tests but these files (slow ones), in a folder of their own
+        tests = [t for t in tests if not any(t.endswith(w) for w in without)]
+        folder = folder.with_name(folder.name + "-without-" + "-".join(Path(w).stem for w in without))
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
@@ -185,8 +191,8 @@ def work_folder(group: str, only: list[str] | None = None) -> Path:
     return folder
 
 
-def run_group(group: str, only: list[str] | None = None) -> dict:
-    folder = work_folder(group, only)
+def run_group(group: str, only: list[str] | None = None, without: list[str] | None = None) -> dict:
+    folder = work_folder(group, only, without)
     mutmut = Path(sys.executable).with_name("mutmut")
     start = time.monotonic()
     # one thread: mutmut forks a child per mutant, and a child of a process whose OpenMP pool
@@ -206,6 +212,9 @@ def main() -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--only", action="append", metavar="FILE",
                         help="mutate only the group's files ending so (repeatable); works in .mutmut/<group>-<files>/")
+    parser.add_argument("--without", action="append", metavar="TEST",
+                        help="leave out the group's test files ending so (repeatable): a slow one; "
+                             "works in .mutmut/<group>[-<files>]-without-<tests>/")
     args = parser.parse_args()
     if args.list:
         for name, (files, tests) in GROUPS.items():
@@ -217,7 +226,10 @@ def main() -> int:
     for o in args.only or []:
         if not any(f.endswith(o) for g in (args.groups or GROUPS) for f in GROUPS[g][0]):
             parser.error(f"--only {o!r}: no file of the groups named ends so")
-    results = [run_group(g, args.only) for g in (args.groups or list(GROUPS))]
+    for w in args.without or []:
+        if not any(t.endswith(w) for g in (args.groups or GROUPS) for t in GROUPS[g][1]):
+            parser.error(f"--without {w!r}: no test file of the groups named ends so")
+    results = [run_group(g, args.only, args.without) for g in (args.groups or list(GROUPS))]
     for s in results:
         killed, survived = s.get("killed", 0), s.get("survived", 0)
         judged = killed + survived

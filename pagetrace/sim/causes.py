@@ -48,14 +48,12 @@ def classify(req: SimRequest, num_hit: int, block_size: int, ever_cached: set[in
         out["different extra key"] = other_key * block_size
         out["first seen"] = (len(missed) - evicted - other_key) * block_size
         return out
-    for i in range(num_hit // block_size, lookup_blocks):
+    for i in range(num_hit // block_size, lookup_blocks):  # a salted request
         h = req.block_hashes[i]
         if h in ever_cached:
             cause = "evicted"
-        elif req.cache_salt is not None and (req.content_hash(i) in ever_cached_content or req.content_hash(i) in ever_cached):
-            cause = "different extra key"
-        elif req.cache_salt is None and h in ever_cached_content:
-            cause = "different extra key"
+        elif req.content_hash(i) in ever_cached_content or req.content_hash(i) in ever_cached:
+            cause = "different extra key"  # the same tokens, salted otherwise or not at all
         else:
             cause = "first seen"
         out[cause] += block_size

@@ -192,6 +192,12 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
             on_step(record)
         if not record.scheduled and not sched.running and sched.waiting:
             head = sched.waiting[0]
+            if not config.enable_chunked_prefill and head.num_tokens > config.max_num_batched_tokens:
+                # (the CLI refuses such a budget up front, as vLLM does: simulate.py)
+                raise ValueError(
+                    f"request {head.request_id} needs {head.num_tokens} tokens in one step with chunked prefill off, "
+                    f"more than max_num_batched_tokens={config.max_num_batched_tokens}"
+                )
             raise ValueError(
                 f"request {head.request_id} needs {head.num_tokens} tokens of KV cache, more than the "
                 f"{plural(num_blocks - 1, 'usable block')} of {block_size} tokens hold"
