@@ -66,6 +66,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/engines/test_vllm_plugin.py",
             "tests/engines/test_vllm_settings.py",
             "tests/commands/test_bad_input.py",
+            "tests/engines/test_check_data_records.py",
+            "tests/engines/test_check_step_records.py",
+            "tests/engines/test_export_vllm_split_key.py",
+            "tests/engines/test_lookup_from_steps.py",
+            "tests/engines/test_replay_requests.py",
+            "tests/engines/test_sglang_page_size_one.py",
+            "tests/engines/test_views_shapes_and_devices.py",
         ],
     ),
     "sim": (

@@ -7,6 +7,7 @@ already hold (FlashInfer's CSR page table, SGLang's req_to_token, your own engin
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..errors import UsageError
@@ -52,13 +53,15 @@ def write_bundle(
     shape = tuple(buffers[0].shape)
 
     def fits(h: int, d: int) -> bool:
-        try:
-            return CacheGeometry(lay, num_blocks, block_size, h, d, dtype).raw_shape("key") == shape
-        except (ZeroDivisionError, ValueError):
-            return False
+        return CacheGeometry(lay, num_blocks, block_size, h, d, dtype).raw_shape("key") == shape
 
-    # the raw shape fixes H and D: try the head counts that divide it
-    dims = next(((h, d) for h in range(1, 4097) for d in (shape[-1], shape[-1] // 2) if d and fits(h, d)), None)
+    # the raw shape fixes H and D: H x D elements per slot (twice that in one K-and-V buffer),
+    # split among the head counts that divide it (vLLM's split key keeps D in two axes: D/x, x)
+    slots = num_blocks * block_size * (2 if lay.combined else 1)
+    if slots <= 0:
+        raise UsageError("cache", shape, f"holds no '{layout}' block of {block_size} slots")
+    per_slot = math.prod(shape) // slots
+    dims = next(((h, per_slot // h) for h in range(1, 4097) if per_slot % h == 0 and fits(h, per_slot // h)), None)
     if dims is None:
         raise UsageError("cache", shape, f"is not a '{layout}' buffer ({lay.summary}) with block size {block_size}")
     num_kv_heads, head_dim = dims

@@ -162,12 +162,13 @@ class ReplaySummary:
     dtype: str
     tolerance: float
     requests: list[RequestResult]
-    traced_request: int
+    traced_request: int  # the step's row of the traced request (not an index into `requests`)
     traced_token: int
     rows: list[dict]  # per context token of the traced query
     block_mass: list[float]  # attention per logical block of the traced request (mean over heads)
     refcount: dict[int, int]  # physical block -> requests whose table holds it
     cache_read: str = ""  # how the stored pages were read (`cache_read`)
+    traced_name: str = ""  # the traced request's id (`requests` lists only those with new tokens replayed)
 
     @property
     def passed(self) -> bool:
@@ -192,7 +193,7 @@ class ReplaySummary:
                  "max_diff_contiguous": r.vs_contiguous, "max_diff_engine": r.vs_engine, "passed": r.passed}
                 for r in self.requests
             ],
-            "traced": {"request": self.requests[self.traced_request].request, "token": self.traced_token, "tokens": self.rows},
+            "traced": {"request": self.traced_name, "token": self.traced_token, "tokens": self.rows},
             "shared_blocks": {str(b): n for b, n in sorted(self.refcount.items()) if n > 1},
         }
 
@@ -231,4 +232,4 @@ def summarize(manifest: Manifest, step: Step, result: Replay, request: int, toke
     for row, address in zip(rows, start_addresses(manifest.geometry(), [r["physical_block"] for r in rows], [r["offset"] for r in rows])):
         row.update(address)
     mass = [float(weights[b * bs : (b + 1) * bs].sum()) for b in range(len(table))]
-    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount, cache_read(manifest))
+    return ReplaySummary(result.backend, manifest.dtype, tol, results, request, token, rows, mass, refcount, cache_read(manifest), step.requests[request])

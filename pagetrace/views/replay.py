@@ -36,8 +36,7 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
         table = ",".join(f"{b}(x{summary.refcount[b]})" if summary.refcount[b] > 1 else str(b) for b in r.table)
         per_request.add_row(r.request, str(r.new_tokens), str(r.seq_len), table, f"{r.vs_contiguous:.2e}",
                             "-" if r.vs_engine is None else f"{r.vs_engine:.2e}", "equal" if r.passed else "DIFFERS")
-    name = summary.requests[summary.traced_request].request if summary.requests else "?"
-    rows = Table(title=f"request {name}, token {summary.traced_token}: what it read (weights: mean over heads)", title_justify="left", box=None, pad_edge=False)
+    rows = Table(title=f"request {summary.traced_name}, token {summary.traced_token}: what it read (weights: mean over heads)", title_justify="left", box=None, pad_edge=False)
     for col in ("token", "logical", "offset", "physical", "slot", "ref", "score", "weight"):
         rows.add_column(col, justify="right")
     order = sorted(range(len(summary.rows)), key=lambda t: -summary.rows[t]["weight"])
