@@ -17,7 +17,20 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..paging.layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
 
-TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
+TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2",
+               # vLLM keeps an fp8 KV cache ("fp8", "fp8_e4m3", "fp8_e5m2") in torch.uint8 tensors
+               # (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py). The layout places elements
+               # by their size alone, so a byte is placed as fp8 is; which fp8, the engine's
+               # cache_dtype says.
+               "torch.uint8": "fp8_e4m3"}
+
+
+def dtype_name(tensor) -> str:
+    """pagetrace's dtype name for a cache tensor; refuses a dtype no KV cache has."""
+    name = TORCH_NAMES.get(str(tensor.dtype))
+    if name is None:
+        raise UsageError("kv_cache", str(tensor.dtype), f"is not a KV cache dtype pagetrace reads: one of {', '.join(sorted(TORCH_NAMES))}")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +117,7 @@ def as_tensors(raw, layout: Layout | str, bs: int, h: int, d: int):
     for buf in bufs.values():
         if not buf.is_contiguous():
             raise UsageError("kv_cache", tuple(buf.stride()), f"the '{lay.name}' layout reads a contiguous buffer")
-    dtype = TORCH_NAMES.get(str(bufs["key"].dtype), "fp32")
+    dtype = dtype_name(bufs["key"])
     nb = int(bufs["key"].shape[lay.block_axis]) if bufs["key"].dim() > lay.block_axis else 0
     geom = geometry(lay, nb, bs, h, d, dtype)
     out = []
@@ -129,7 +142,7 @@ def verify(key, value, raw, layout: str) -> tuple[KVView, KVView]:
     whatever strides it is given."""
     lay = get_layout(layout, "layout")
     nb, bs, h, d = (int(n) for n in key.shape)
-    geom = geometry(lay, nb, bs, h, d, TORCH_NAMES.get(str(key.dtype), "fp32"))
+    geom = geometry(lay, nb, bs, h, d, dtype_name(key))
     bufs = split_buffers(raw, lay)
     found = []
     for which, tensor in (("key", key), ("value", value)):

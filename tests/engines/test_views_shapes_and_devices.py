@@ -27,3 +27,24 @@ def test_coordinate_grid_lies_on_the_device_asked_for():
     assert [tuple(g.shape) for g in grid] == [(2, 1, 1, 1), (1, 3, 1, 1), (1, 1, 1, 1), (1, 1, 1, 4)]
     cpu = coordinate_grid(2, 3, 1, 4)
     assert [g.flatten().tolist() for g in cpu] == [[0, 1], [0, 1, 2], [0], [0, 1, 2, 3]]
+
+
+def test_an_fp8_cache_vllm_keeps_in_uint8_is_read_with_one_byte_elements():
+    """vLLM allocates an fp8 KV cache as torch.uint8 (vllm/utils/torch_utils.py). Its split key
+    [N, H, D/x, bs, x] then has x = 16 one-byte elements; read as 4-byte elements (x = 4) the
+    buffer had the wrong shape and was refused. Each byte here is its own offset mod 251 (prime,
+    so no two neighbours in any axis repeat), and the views read key [b, s, h, d] at
+    [b, h, d // 16, s, d % 16] and value [b, s, h, d] at [b, h, d, s]."""
+    nb, bs, h, d = 3, 16, 2, 32
+    key_raw = (torch.arange(nb * h * (d // 16) * bs * 16) % 251).to(torch.uint8).view(nb, h, d // 16, bs, 16)
+    value_raw = ((torch.arange(nb * h * d * bs) + 7) % 251).to(torch.uint8).view(nb, h, d, bs)
+    key, value = as_tensors((key_raw, value_raw), "vllm", bs, h, d)
+    b, s, hh, dd = torch.meshgrid(*(torch.arange(n) for n in (nb, bs, h, d)), indexing="ij")
+    assert torch.equal(key, key_raw[b, hh, dd // 16, s, dd % 16])
+    assert torch.equal(value, value_raw[b, hh, dd, s])
+
+
+def test_a_dtype_no_kv_cache_has_is_refused_by_name():
+    with pytest.raises(UsageError) as caught:
+        as_tensors((torch.zeros(2, 4, 2, 8, dtype=torch.float64),) * 2, "nhd", 4, 2, 8)
+    assert str(caught.value).startswith("invalid value for kv_cache: 'torch.float64': is not a KV cache dtype pagetrace reads: one of torch.bfloat16, ")
