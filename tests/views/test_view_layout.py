@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from conftest import cli
-from pagetrace.views.text import Fitted
+from test_golden import run_decode
+from pagetrace.paging.lookup import trace_token
+from pagetrace.views.text import HIGHLIGHT, Fitted, block_table_strip, render_lookup
 
 RIGHT_EDGES = "┓┃┩│┘┐┤"
 
@@ -58,3 +60,37 @@ def test_fitted_gives_each_column_its_minimum_and_the_rest_to_the_wanting():
     assert plain(Fitted(t), 80) == plain(t, 80)
     # too narrow for the minimums: Rich's own narrowing
     assert plain(Fitted(t), 42) == plain(t, 42)
+
+
+def right_edges(line: str, words: list[str]) -> list[int]:
+    out, start = [], 0
+    for w in words:
+        start = line.index(w, start) + len(w)
+        out.append(start)
+    return out
+
+
+def test_run_numbers_end_under_their_headers_and_titles_start_flush_left():
+    lines = plain(run_decode(), 80)
+    title = lines.index("sequence 0: 38 tokens" + " " * (len(lines[3]) - 21))
+    head = lines[title + 2]
+    columns = ["token", "logical", "offset", "physical", "slot", "part", "score", "weight"]
+    edges = right_edges(head, columns)
+    row = lines[title + 4]  # token 0: 0 0 0 7 112 0 0.4021 0.0412
+    assert right_edges(row, ["0", "0", "0", "7", "112", "0", "0.4021", "0.0412"]) == edges
+    assert lines[lines.index(next(line for line in lines if line.startswith("block coverage")))].startswith("block coverage")
+    assert any(line.startswith("summary") for line in lines)
+    # the hidden-rows marker stands under "token", its count in the bar's column
+    hidden = next(line for line in lines if "1 row hidden" in line)
+    assert hidden.index("⋮") == edges[0] - 1 and hidden.index("1 row hidden") == edges[-1] + 1
+
+
+def test_lookup_highlights_the_tokens_entry_only():
+    c = Console(file=io.StringIO(), width=80, force_terminal=True, color_system="truecolor", legacy_windows=False, _environ={})
+    segments = list(c.render(block_table_strip([7, 2, 15], 1)))
+    styled = [s.text for s in segments if s.style is not None and s.style == c.get_style(HIGHLIGHT)]
+    assert styled == ["2"]
+    lines = plain(render_lookup(trace_token(20, [7, 2, 15])), 80)
+    assert lines[0] == "token 20 · block size 16 · head_dim 8 · fp32 · pool of 16 blocks"
+    strip = lines.index(next(line for line in lines if line.startswith("block table")))
+    assert right_edges(lines[strip + 1], ["logical", "0", "1", "2"]) == right_edges(lines[strip + 2], ["physical", "7", "2", "15"])
