@@ -94,3 +94,50 @@ def test_lookup_highlights_the_tokens_entry_only():
     assert lines[0] == "token 20 · block size 16 · head_dim 8 · fp32 · pool of 16 blocks"
     strip = lines.index(next(line for line in lines if line.startswith("block table")))
     assert right_edges(lines[strip + 1], ["logical", "0", "1", "2"]) == right_edges(lines[strip + 2], ["physical", "7", "2", "15"])
+
+
+LONG = [31, 4, 17, 8, 22, 3, 40, 11, 26, 5, 19, 33, 2, 38, 14, 29, 7, 35, 12, 0]
+
+
+def strip_words(table, highlight, width):
+    lines = plain(block_table_strip(table, highlight), width)
+    assert lines[0].startswith("block table") and len(lines) == 3, lines
+    assert max(len(line.rstrip()) for line in lines) <= width
+    return lines[1].split(), lines[2].split()
+
+
+def test_the_strip_keeps_the_entries_that_fit_the_width_exactly():
+    # entry 12 highlighted: wanted first 12, 11, 13, then the ends inwards 0, 19, 1, 18, 2, ...
+    # a column is its widest cell plus 2: "logical" 10, "0"/"31" 4, "1"/"4" 3, "2"/"17" 4,
+    # "…"/"8 more" 8, 11..13 4 each, "…"/"4 more" 8, 18 and 19 4 each: 57 columns for 8 entries
+    logical, physical = strip_words(LONG, 12, 57)
+    assert logical == ["logical", "0", "1", "2", "…", "11", "12", "13", "…", "18", "19"]
+    assert physical == ["physical", "31", "4", "17", "8", "more", "33", "2", "38", "4", "more", "12", "0"]
+    # one column less: entry 2 goes ("9 more" then)
+    logical, physical = strip_words(LONG, 12, 56)
+    assert logical == ["logical", "0", "1", "…", "11", "12", "13", "…", "18", "19"]
+    assert physical == ["physical", "31", "4", "9", "more", "33", "2", "38", "4", "more", "12", "0"]
+    # wide: the 12 wanted entries, no more (STRIP_ENTRIES)
+    logical, _ = strip_words(LONG, 12, 200)
+    assert logical == ["logical", "0", "1", "2", "3", "4", "…", "11", "12", "13", "…", "16", "17", "18", "19"]
+    # only the highlighted entry fits (10 + 9 + 4 + 8 = 31 columns); narrower still, it is shown all the same
+    for width in (31, 30):
+        assert strip_words(LONG, 12, width) == (["logical", "…", "12", "…"], ["physical", "12", "more", "2", "7", "more"]), width
+    assert strip_words(LONG, 12, 35)[0] == ["logical", "…", "11", "12", "…"]  # 11 fits next to it at 35
+
+
+def test_the_strip_at_the_tables_ends_and_without_a_highlight():
+    # entry 0 highlighted: its left neighbour does not exist; alone it needs 10 + 4 + 9 = 23 columns
+    assert strip_words(LONG, 0, 25)[0] == ["logical", "0", "…"]
+    assert strip_words(LONG, 0, 26)[0] == ["logical", "0", "1", "…"]
+    assert strip_words(LONG, 19, 24)[0] == ["logical", "…", "19"]
+    # no highlight: the two ends inwards, nothing styled as the token's entry
+    logical, _ = strip_words(LONG, None, 200)
+    assert logical == ["logical", "0", "1", "2", "3", "4", "5", "…", "14", "15", "16", "17", "18", "19"]
+    c = Console(file=io.StringIO(), width=200, force_terminal=True, color_system="truecolor", legacy_windows=False, _environ={})
+    assert not [s for s in c.render(block_table_strip(LONG, None)) if s.style == c.get_style(HIGHLIGHT)]
+    # a table of exactly 12 entries: all of them, no "more" column
+    assert strip_words(LONG[:12], 5, 200)[0] == ["logical", *map(str, range(12))]
+    # 13: entry 7 is the one left out (5, 4, 6, then 0, 12, 1, 11, 2, 10, 3, 9, 8)
+    assert strip_words(LONG[:13], 5, 200) == (["logical", *"0 1 2 3 4 5 6 … 8 9 10 11 12".split()],
+                                              ["physical", *"31 4 17 8 22 3 40 1 more 26 5 19 33 2".split()])
