@@ -110,7 +110,7 @@ def test_lookup_golden(name):
 
 # -- run ---------------------------------------------------------------------------------------
 
-def report(index, seq_len, table, block_size, rows, heads, mass, traced=None, head_rows=None):
+def report(index, seq_len, table, block_size, rows, heads, mass, traced=None, head_rows=None, query_position=0):
     """A SequenceReport from hand-chosen figures: rows are (token, scores per head, weights per head[, mask])."""
     built = []
     for token, scores, weights, *mask in rows:
@@ -118,7 +118,7 @@ def report(index, seq_len, table, block_size, rows, heads, mass, traced=None, he
         built.append(Row(token, logical, offset, table[logical], table[logical] * block_size + offset, 0, scores, weights, *mask))
     shown = {r.token for r in built}
     return SequenceReport(index, seq_len, table, coverage(seq_len, table, block_size), heads, built, mass,
-                          head_rows or [shown] * len(heads), traced)
+                          head_rows or [shown] * len(heads), traced, query_position=query_position)
 
 
 def run_decode():
@@ -156,7 +156,7 @@ def run_prefill_masked():
             (37, [0.0, 0.0], [0.0, 0.0], "causal"), (38, [0.0, 0.0], [0.0, 0.0], "causal"), (39, [0.0, 0.0], [0.0, 0.0], "causal")]
     head_rows = [{0, 1, 2, 21, 25, 36, 37, 38, 39}, {0, 1, 2, 21, 26, 36, 37, 38, 39}]
     seq = report(0, 40, table, 4, rows, [HeadSummary(0, 0.1441, 25, 0.9137, 2.7781), HeadSummary(1, 0.2210, 26, 1.0402, 2.5130)],
-                 [0.0, 0.0, 0.0, 0.0, 0.0, 0.1893, 0.3121, 0.2407, 0.1802, 0.0777], head_rows=head_rows)
+                 [0.0, 0.0, 0.0, 0.0, 0.0, 0.1893, 0.3121, 0.2407, 0.1802, 0.0777], head_rows=head_rows, query_position=36)
     mask_rows = [(33, "·····░████"), (34, "·····░████"), (35, "······████"), (36, "······███░")]
     summary = [
         ("query", "new token 3 of 4 in sequence 0, at position 36: the tables show its scores, mask and weights"),
@@ -167,7 +167,21 @@ def run_prefill_masked():
     return render_run(header, 4, [seq], [0, 1], 2, 6, None, {}, [{5}], summary, show_mask=True, mask_rows=mask_rows, mask_seq=0)
 
 
-RUNS = {"run_decode": (run_decode, 80), "run_decode_narrow": (run_decode, 78), "run_prefill_masked": (run_prefill_masked, 100)}
+def run_middle_rows():
+    """pagetrace run --tokens 50 --block-size 8 --heads 4 --show-heads 2 --token 12 --rows 2: the traced token is
+    the heaviest ("traced + max"), rows hidden before and after; the coverage keeps the 2 heaviest
+    blocks and the traced one, hiding one block before and three after."""
+    table = [12, 3, 7, 0, 9, 4, 1]
+    rows = [(10, [0.8812], [0.1210]), (11, [1.0391], [0.1602]), (12, [1.4470], [0.2391]), (13, [0.2218], [0.0530]), (14, [-0.0114], [0.0401])]
+    heads = [HeadSummary(0, 0.4102, 3, 0.9113, 1.2), HeadSummary(1, 0.3001, 40, 0.8804, 1.4), HeadSummary(2, 0.2391, 12, 0.7770, 1.9021),
+             HeadSummary(3, 0.1980, 11, 0.6502, 2.1)]  # every query head's; the table shows head 2's
+    seq = report(0, 50, table, 8, rows, heads,
+                 [0.0611, 0.2107, 0.3320, 0.2914, 0.0431, 0.0402, 0.0215], traced=12, head_rows=[{10, 11, 12, 13, 14}])
+    summary = [("max attention weight", "0.2391 at position 12 (head 2)")]
+    return render_run("[bold]pagetrace run[/] · 1 sequence(s) · tokens 50", 8, [seq], [2], 4, 2, (0, 12), {}, [set()], summary)
+
+
+RUNS = {"run_decode": (run_decode, 80), "run_middle_rows": (run_middle_rows, 80), "run_decode_narrow": (run_decode, 78), "run_prefill_masked": (run_prefill_masked, 100)}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
