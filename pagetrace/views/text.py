@@ -91,6 +91,9 @@ def header(t: Table, name: str, **options) -> None:
     t.add_column(name, min_width=max((len(word) for word in name.split()), default=0), **options)
 
 
+UNBOUNDED = 100_000  # a width no table here reaches: Rich measures a table at most as wide as it is given
+
+
 class Fitted:
     """A table that fits the terminal whenever its columns' minimum widths do.
 
@@ -103,12 +106,9 @@ class Fitted:
     def __init__(self, table: Table) -> None:
         self.table = table
 
-    def __rich_measure__(self, console, options) -> Measurement:
-        return Measurement.get(console, options, self.table)
-
     def __rich_console__(self, console, options):
         table = self.table
-        unbounded = options.update_width(sum(len(str(c.header)) for c in table.columns) + 10 ** 4)
+        unbounded = options.update_width(UNBOUNDED)
         overall = Measurement.get(console, unbounded, table).maximum  # Rich's measure never exceeds the width it is given
         if overall <= options.max_width:
             yield table

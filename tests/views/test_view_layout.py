@@ -141,3 +141,19 @@ def test_the_strip_at_the_tables_ends_and_without_a_highlight():
     # 13: entry 7 is the one left out (5, 4, 6, then 0, 12, 1, 11, 2, 10, 3, 9, 8)
     assert strip_words(LONG[:13], 5, 200) == (["logical", *"0 1 2 3 4 5 6 … 8 9 10 11 12".split()],
                                               ["physical", *"31 4 17 8 22 3 40 1 more 26 5 19 33 2".split()])
+
+
+def test_fitted_keeps_a_columns_min_width_wider_than_its_cells():
+    t = Table()
+    t.add_column("n", min_width=5)
+    t.add_column("words")
+    t.add_row("1", "alpha beta gamma delta")
+    # natural: 7 + 24 + 3 borders = 34; at 20 the 13 columns of content go 5 to "n" (its min_width), 8 to "words"
+    assert plain(Fitted(t), 20) == ["┏━━━━━━━┳━━━━━━━━━━┓",
+                                    "┃ n     ┃ words    ┃",
+                                    "┡━━━━━━━╇━━━━━━━━━━┩",
+                                    "│ 1     │ alpha    │",
+                                    "│       │ beta     │",
+                                    "│       │ gamma    │",
+                                    "│       │ delta    │",
+                                    "└───────┴──────────┘"]
