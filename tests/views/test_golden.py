@@ -181,7 +181,16 @@ def run_middle_rows():
     return render_run("[bold]pagetrace run[/] · 1 sequence(s) · tokens 50", 8, [seq], [2], 4, 2, (0, 12), {}, [set()], summary)
 
 
-RUNS = {"run_decode": (run_decode, 80), "run_middle_rows": (run_middle_rows, 80), "run_decode_narrow": (run_decode, 78), "run_prefill_masked": (run_prefill_masked, 100)}
+def run_prefill_last_query():
+    """pagetrace run --tokens 6 --query-len 3 --block-size 4: the last new token sees every key, so the
+    mask column holds only ticks (it keeps the width "causal" and "window" need)."""
+    rows = [(t, [0.25 * t], [w], "visible") for t, w in enumerate([0.1082, 0.1341, 0.1567, 0.1702, 0.1989, 0.2319])]
+    seq = report(0, 6, [2, 0], 4, rows, [HeadSummary(0, 0.2319, 5, 1.0113, 1.8)], [0.5692, 0.4308], query_position=5)
+    return render_run("[bold]pagetrace run[/] · 1 sequence(s) · tokens 6 · new tokens 3", 4, [seq], [0], 1, None, None, {}, [set()], [("max attention weight", "0.2319 at position 5")],
+                      show_mask=True, mask_rows=[(3, "█·"), (4, "█░"), (5, "██")], mask_seq=0)
+
+
+RUNS = {"run_decode": (run_decode, 80), "run_middle_rows": (run_middle_rows, 80), "run_prefill_last_query": (run_prefill_last_query, 80), "run_decode_narrow": (run_decode, 78), "run_prefill_masked": (run_prefill_masked, 100)}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -193,14 +202,14 @@ def test_run_golden(name):
 # -- replay ------------------------------------------------------------------------------------
 
 def replay_summary(manifest, token_weights):
-    """Request a (7 tokens, one new) and b (5 tokens, one new) share blocks 3 and 5; a's token 6 traced."""
+    """Request a (7 tokens, one new) and b (9 tokens, one new) share blocks 3 and 5; a's token 6 traced."""
     bs = manifest.block_size
     table = [3, 5]
     refcount = {3: 2, 5: 2, 1: 1, 4: 1}
     rows = [{"token": t, "logical_block": t // bs, "offset": t % bs, "physical_block": table[t // bs],
              "slot": table[t // bs] * bs + t % bs, "refcount": refcount[table[t // bs]], "score": s, "weight": w}
             for t, (s, w) in enumerate(token_weights)]
-    requests = [RequestResult("a", 1, 7, [3, 5], 5.96e-08, 1.19e-07, True), RequestResult("b", 1, 5, [3, 5], 0.0, None, True)]
+    requests = [RequestResult("a", 1, 7, [3, 5], 5.96e-08, 1.19e-07, True), RequestResult("b", 1, 9, [3, 5, 4], 0.0, None, True)]
     mass = [sum(w for _, w in token_weights[:bs]), sum(w for _, w in token_weights[bs:])]
     return ReplaySummary("torch", manifest.dtype, 1e-05, requests, 0, len(token_weights) - 1, rows, mass, refcount, cache_read(manifest))
 
@@ -222,7 +231,7 @@ def test_replay_golden(tmp_path, name, layout, limit, width):
 def test_replay_failed_golden(tmp_path):
     manifest = read_manifest(write_bundle(tmp_path / "b", "vllm-hnd"))
     summary = replay_summary(manifest, WEIGHTS[:5])
-    summary.requests[1] = RequestResult("b", 1, 5, [3, 5], 0.0314, 0.0297, False)
+    summary.requests[1] = RequestResult("b", 1, 9, [3, 5, 4], 0.0314, 0.0297, False)
     check_golden("replay_failed", render(render_replay(manifest, type("Step", (), {"step": 0})(), 1, summary, 40), 80), 80)
 
 

@@ -157,3 +157,18 @@ def test_fitted_keeps_a_columns_min_width_wider_than_its_cells():
                                     "│       │ gamma    │",
                                     "│       │ delta    │",
                                     "└───────┴──────────┘"]
+
+
+def test_weight_bars_at_their_limits():
+    from pagetrace.views.run import weight_bar
+
+    assert weight_bar(0.2, 0.2).plain == "████████"  # the peak: the whole bar
+    assert weight_bar(0.3, 0.2).plain == "████████"  # above the peak (another head's): no longer than the bar
+    assert weight_bar(0.0124, 0.2).plain == "········"  # 0.496 cells rounds to none
+    assert weight_bar(0.0126, 0.2).plain == "█·······"
+    assert weight_bar(-0.1, 0.2).plain == "········"
+    for weight, peak in ((float("nan"), 0.5), (0.1, float("nan")), (0.1, 0.0), (float("inf"), 1.0), (0.1, -1.0)):
+        assert weight_bar(weight, peak).plain == "········", (weight, peak)  # nothing to scale by: an empty bar, no error
+    bar = weight_bar(0.1, 0.2, "traced + max")
+    assert bar.plain == "████···· ◀ traced + max"
+    assert [(bar.plain[s.start:s.end], str(s.style)) for s in bar.spans] == [(" ◀ traced + max", "bold")] and str(bar.style) == "cyan"
