@@ -50,7 +50,7 @@ class BlockTableStrip:
     It fits the width it is rendered at by leaving out whole entries (an 'N more'
     column stands for them), never by cutting a block number."""
 
-    def __init__(self, table: list[int], highlight: int | None, title: str = "block table") -> None:
+    def __init__(self, table: list[int], highlight: int | None, title: str) -> None:
         self.table, self.highlight, self.title = table, highlight, title
 
     def shown(self, width: int) -> list[int]:
@@ -158,7 +158,7 @@ def address_table(trace: TokenTrace) -> Table:
     # how each vector lies in memory, as wrapped text below the table (a sixth column would not fit 80 columns)
     memory = Table(show_header=False, box=None, padding=(0, 1))
     memory.add_column(style="bold", no_wrap=True)
-    memory.add_column(ratio=1)
+    memory.add_column()
     for addr in (trace.key, trace.value):
         memory.add_row(f"{addr.which} in memory", vector_in_memory(addr))
     return Group(table, memory)

@@ -172,3 +172,33 @@ def test_weight_bars_at_their_limits():
     bar = weight_bar(0.1, 0.2, "traced + max")
     assert bar.plain == "████···· ◀ traced + max"
     assert [(bar.plain[s.start:s.end], str(s.style)) for s in bar.spans] == [(" ◀ traced + max", "bold")] and str(bar.style) == "cyan"
+
+
+VLLM_TOKEN = dict(token=100, table=LONG, block_size=8, head_dim=64, kv_heads=4, head=2, dtype="fp16", layout="vllm", num_blocks=41)
+
+
+def test_the_address_table_wraps_between_words_never_inside_a_number():
+    from pagetrace.views.text import address_table
+
+    for width in (80, 60, 56):  # the minimums fit from 55 columns
+        lines = plain(address_table(trace_token(**VLLM_TOKEN)), width)
+        words = " ".join(line.replace("│", " ").replace("┃", " ") for line in lines).split()
+        for number in ("[block=41,", "head=4,", "dim/x=8,", "slot=8,", "dim%x=8]", "2×2048", "2×512", "4×8", "4×1", "5152", "5124", "10304", "10248"):
+            assert number in words, (width, number, lines)
+    # below 55 the minimums do not fit: the byte column is cut at the edge, but the numbers shown stay whole
+    lines = plain(address_table(trace_token(**VLLM_TOKEN)), 50)
+    words = " ".join(line.replace("│", " ") for line in lines).split()
+    assert {"[block=41,", "dim/x=8,", "dim%x=8]", "2×2048", "5152", "5124"} <= set(words), lines
+    # and the index column is narrower than its header's "index×stride": the header folds, every letter kept
+    header = [line for line in lines if line.startswith("┃")]
+    third = "".join(line.split("┃")[3].strip() for line in header)
+    assert third == "index: Σindex×stride"
+    # the memory labels stay on one line even at 30 columns
+    lines = plain(address_table(trace_token(**VLLM_TOKEN)), 30)
+    assert any(line.startswith(" key in memory ") for line in lines) and any(line.startswith(" value in memory ") for line in lines)
+
+
+def test_a_token_at_the_start_of_block_0_is_at_offset_0():
+    lines = plain(render_lookup(trace_token(0, [0, 1])), 100)
+    rows = [line for line in lines if line.startswith("│ key") or line.startswith("│ value")]
+    assert len(rows) == 2 and all("│ (0, 0, 0): 0 " in row for row in rows), rows
