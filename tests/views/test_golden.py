@@ -190,7 +190,7 @@ def run_prefill_last_query():
                       show_mask=True, mask_rows=[(3, "█·"), (4, "█░"), (5, "██")], mask_seq=0)
 
 
-RUNS = {"run_decode": (run_decode, 80), "run_middle_rows": (run_middle_rows, 80), "run_prefill_last_query": (run_prefill_last_query, 80), "run_decode_narrow": (run_decode, 78), "run_prefill_masked": (run_prefill_masked, 100)}
+RUNS = {"run_decode": (run_decode, 80), "run_middle_rows": (run_middle_rows, 80), "run_prefill_last_query": (run_prefill_last_query, 80), "run_decode_narrow": (run_decode, 64), "run_prefill_masked": (run_prefill_masked, 100)}
 
 
 @pytest.mark.parametrize("name", list(RUNS))
