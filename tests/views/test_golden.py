@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import json
 import os
 import re
 from importlib.metadata import version
@@ -255,9 +256,31 @@ SIMULATIONS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SIMULATIONS))
-def test_simulate_golden(name, capsys, monkeypatch):
-    args, width = SIMULATIONS[name]
+# a trace: request 0's two full blocks are evicted by request 1's prompt before request 2 asks for
+# them (at steps 4 and 5); request 3, arriving with 2, hits the blocks 2 is writing; d's salt is another key
+EVICTING = [{"prompt": list(range(1, 10)), "output_len": 2, "arrival": 0},
+            {"prompt": list(range(100, 124)), "output_len": 2, "arrival": 4},
+            {"prompt": list(range(1, 10)) + [50], "output_len": 2, "arrival": 8},
+            {"prompt": list(range(1, 10)) + [60], "output_len": 2, "arrival": 8},
+            {"prompt": list(range(1, 10)) + [70], "output_len": 2, "arrival": 12, "cache_salt": "tenant-b"}]
+TRACES = {
+    "simulate_explain_evictions": (EVICTING, ["--block-size", "4", "--num-blocks", "8", "--explain", "--timeline-rows", "0"], 80),
+    # SGLang's radix cache with parallel sampling: prefix requests, block tables longer than 12 blocks (cut with "…")
+    "simulate_sglang_samples": (None, ["--policy", "sglang", "--n", "2", "--requests", "3", "--block-size", "4", "--prompt-len", "40:60",
+                                       "--output-len", "4:8", "--num-blocks", "200", "--at", "2", "--timeline-rows", "0"], 100),
+}
+
+
+@pytest.mark.parametrize("name", list(SIMULATIONS) + list(TRACES))
+def test_simulate_golden(name, capsys, monkeypatch, tmp_path):
+    if name in TRACES:
+        lines, args, width = TRACES[name]
+        if lines is not None:
+            trace = tmp_path / "trace.jsonl"
+            trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+            args = ["--trace", str(trace), *args]
+    else:
+        args, width = SIMULATIONS[name]
     shown = console(width)
     monkeypatch.setattr("pagetrace.commands.output.stdout_console", lambda: shown)
     code, out, err = cli(capsys, "simulate", *args)

@@ -202,3 +202,22 @@ def test_a_token_at_the_start_of_block_0_is_at_offset_0():
     lines = plain(render_lookup(trace_token(0, [0, 1])), 100)
     rows = [line for line in lines if line.startswith("│ key") or line.startswith("│ value")]
     assert len(rows) == 2 and all("│ (0, 0, 0): 0 " in row for row in rows), rows
+
+
+def test_explained_rows_count_evictions_by_step_and_skip_what_has_no_causes():
+    from types import SimpleNamespace
+
+    from pagetrace.views.sim import render_explained
+
+    causes = {"hit": 16, "partial block": 3, "evicted": 32, "different extra key": 0, "first seen": 0}
+    requests = [SimpleNamespace(request_id="r7", prompt_len=51), SimpleNamespace(request_id="prefix-0", prompt_len=40)]
+    docs = [{"prompt_tokens_by_cause": causes,
+             "evicted_blocks": [{"step": 12, "by": "r3"}, {"step": 12, "by": "r3"}, {"step": 15, "by": "r5"}, {"step": None, "by": None}],
+             "hit_while_written": [{"by": "r2"}, {"by": "r2"}, {"by": "r4"}], "recomputed_hit_tokens": 16},
+            {"prompt_tokens_by_cause": None}]  # no causes (a prefix request): no row
+    lines = plain(render_explained(requests, docs), 250)
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("│").split("│")]
+    assert cells == ["r7", "51", "16", "3", "32", "0", "0",
+                     "evicted at step 12 by r3 (x2); evicted at step 15 by r5; hit while written by r2, r4; 16 tokens hit again after preemption"]
