@@ -36,7 +36,7 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
         table = ",".join(f"{b}(x{summary.refcount[b]})" if summary.refcount[b] > 1 else str(b) for b in r.table)
         per_request.add_row(r.request, str(r.new_tokens), str(r.seq_len), table, f"{r.vs_contiguous:.2e}",
                             "-" if r.vs_engine is None else f"{r.vs_engine:.2e}", "equal" if r.passed else "DIFFERS")
-    name = summary.requests[summary.traced_request].request if summary.requests else "?"
+    name = summary.requests[summary.traced_request].request  # every request of a step has a new token: summarize lists them all
     rows = Table(title=f"request {name}, token {summary.traced_token}: what it read (weights: mean over heads)", title_justify="left", box=None, pad_edge=False)
     for col in ("token", "logical", "offset", "physical", "slot", "ref", "score", "weight"):
         rows.add_column(col, justify="right")
@@ -45,7 +45,7 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
     previous = -1
     for t in sorted(shown):
         if t != previous + 1:
-            rows.add_row("...", "", "", "", "", "", "", "")
+            rows.add_row("...")  # Rich leaves the other cells empty
         row = summary.rows[t]
         rows.add_row(*(str(row[k]) for k in ("token", "logical_block", "offset", "physical_block", "slot", "refcount")), f"{row['score']:.4f}", f"{row['weight']:.4f}")
         previous = t

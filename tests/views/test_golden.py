@@ -220,13 +220,28 @@ WEIGHTS = [(0.1250, 0.0921), (-0.4410, 0.0523), (0.9031, 0.2010), (0.3362, 0.113
 
 @pytest.mark.parametrize("name, layout, limit, width", [
     ("replay_vllm_hnd", "vllm-hnd", 40, 80),  # every row
-    ("replay_cut_rows", "flashinfer", 6, 80),  # the 2 heaviest, the first and the last: "..." between
+    ("replay_cut_rows", "flashinfer", 7, 80),  # the 3 heaviest (tokens 4, 6, 2), the first and the last: "..." between
     ("replay_narrow", "vllm-cpu", 40, 66),
 ])
 def test_replay_golden(tmp_path, name, layout, limit, width):
     manifest = read_manifest(write_bundle(tmp_path / "b", layout))
     step = type("Step", (), {"step": 3})()
     check_golden(name, render(render_replay(manifest, step, 0, replay_summary(manifest, WEIGHTS), limit), width), width)
+
+
+def test_replay_large_block_ids_golden(tmp_path):
+    """A real pool's block ids (tens of thousands): the slots are wider than their header, the table
+    wider than its title, which still starts flush left."""
+    manifest = read_manifest(write_bundle(tmp_path / "b", "vllm-hnd"))
+    summary = replay_summary(manifest, WEIGHTS)
+    big = {3: 31207, 5: 877, 4: 30001}
+    for row in summary.rows:
+        row["physical_block"] = big[row["physical_block"]]
+        row["slot"] = row["physical_block"] * manifest.block_size + row["offset"]
+    summary.requests = [RequestResult(r.request, r.new_tokens, r.seq_len, [big[b] for b in r.table], r.vs_contiguous, r.vs_engine, r.passed)
+                        for r in summary.requests]
+    summary.refcount = {big[b]: n for b, n in summary.refcount.items() if b in big}
+    check_golden("replay_large_block_ids", render(render_replay(manifest, type("Step", (), {"step": 812})(), 27, summary, 40), 80), 80)
 
 
 def test_replay_failed_golden(tmp_path):

@@ -221,3 +221,22 @@ def test_explained_rows_count_evictions_by_step_and_skip_what_has_no_causes():
     cells = [c.strip() for c in rows[0].strip("│").split("│")]
     assert cells == ["r7", "51", "16", "3", "32", "0", "0",
                      "evicted at step 12 by r3 (x2); evicted at step 15 by r5; hit while written by r2, r4; 16 tokens hit again after preemption"]
+
+
+def test_replays_diagram_view_carries_the_traced_requests_mass_and_token(tmp_path):
+    from bundles import write_bundle
+    from test_golden import WEIGHTS, replay_summary
+
+    from pagetrace.engines.bundle import read_manifest, read_step
+    from pagetrace.views.replay import mapping_view
+
+    folder = write_bundle(tmp_path / "b", "vllm-hnd")  # step 0: a has 11 tokens in [3, 5, 1], b 10 in [3, 5, 4]
+    manifest = read_manifest(folder)
+    step = read_step(folder, manifest, 0)
+    for traced in (0, 1):
+        summary = replay_summary(manifest, WEIGHTS)
+        summary.traced_request, summary.traced_token = traced, 6
+        view = mapping_view(manifest, step, summary)
+        assert (view.block_size, view.num_blocks, view.highlight) == (4, manifest.num_blocks, (traced, 6))
+        assert [(s.name, s.seq_len, s.table) for s in view.sequences] == [("req a", 11, [3, 5, 1]), ("req b", 10, [3, 5, 4])]
+        assert [s.attention_mass for s in view.sequences] == [summary.block_mass if r == traced else None for r in (0, 1)]
