@@ -92,7 +92,7 @@ def causes_table(summary: Summary) -> Table:
     t.add_column("tokens", justify="right")
     t.add_column("share", justify="right")
     for cause, n in summary.causes.items():
-        t.add_row(cause, f"{n:,}", f"{n / summary.prompt_tokens:.1%}" if summary.prompt_tokens else "-")
+        t.add_row(cause, f"{n:,}", f"{n / summary.prompt_tokens:.1%}")  # every request has a prompt token (--prompt-len, a trace: at least 1)
     return t
 
 

@@ -265,7 +265,7 @@ SIMULATIONS = {
     # --what-if: the same workload under other settings
     "simulate_what_if": (["--requests", "16", "--num-blocks", "40", "--block-size", "8", "--shared-prefix", "16", "--prompt-len", "20:60", "--output-len", "4:12",
                           "--what-if", "num-blocks=12", "--what-if", "block-size=16", "--what-if", "prefix-caching=off",
-                          "--what-if", "policy=sglang,num-blocks=60", "--timeline-rows", "0"], 80),
+                          "--what-if", "policy=sglang,num-blocks=60", "--timeline-rows", "0"], 100),
     # --layers: a hybrid model's KV cache groups
     "simulate_layers": (["--requests", "20", "--layers", "full:1,sliding:64:2", "--num-blocks", "600", "--timeline-rows", "0"], 80),
 }

@@ -240,3 +240,66 @@ def test_replays_diagram_view_carries_the_traced_requests_mass_and_token(tmp_pat
         assert (view.block_size, view.num_blocks, view.highlight) == (4, manifest.num_blocks, (traced, 6))
         assert [(s.name, s.seq_len, s.table) for s in view.sequences] == [("req a", 11, [3, 5, 1]), ("req b", 10, [3, 5, 4])]
         assert [s.attention_mass for s in view.sequences] == [summary.block_mass if r == traced else None for r in (0, 1)]
+
+
+def test_spread_and_the_story_at_their_boundaries():
+    from test_narrow_output import step
+
+    from pagetrace.views.sim import _spread, pick_steps
+
+    five = [step(i) for i in range(5)]
+    assert _spread(five, 0) == [] and _spread([], 3) == []
+    assert _spread(five, 1) == [five[2]]  # the middle one
+    assert _spread(five, 2) == [five[0], five[4]] and _spread(five, 3) == [five[0], five[2], five[4]]
+    assert _spread(five, 5) == five and _spread(five, 9) == five
+    # exactly as many steps with events as rows: all of them, said so
+    steps = [step(i, admitted=[str(i)]) for i in range(8)]
+    assert pick_steps(steps, 8) == (steps, "every step with an event")
+    # fewer rows than anchors: the first ones only, named so
+    steps = [step(0, admitted=["a"]), step(1, hit_tokens=16, admitted=["b"]), step(2, evicted=1, admitted=["c"]),
+             step(3, preempted=["a"], admitted=["d"]), step(4, finished=["b"])]
+    shown, how = pick_steps(steps, 2)
+    assert [s.step for s in shown] == [0, 1]
+    assert how == "the first admission, the first prefix hit; the other steps with events spread evenly"
+    # no preemption left to spread once the anchors are in: not said
+    shown, how = pick_steps(steps, 4)
+    assert [s.step for s in shown] == [0, 1, 2, 3] and "preemptions spread" not in how
+
+
+def test_block_tables_cut_past_12_blocks():
+    from pagetrace.views.sim import block_tables
+
+    lines = plain(block_tables(9, {"a": list(range(100, 112)), "b": list(range(200, 213))}), 120)
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    assert lines[0].startswith("Block tables after step 9")
+    assert rows == [["a", ", ".join(map(str, range(100, 112)))],
+                    ["b", "200, 201, 202, 203, 204, 205, 206, 207, 208, …, 211, 212  (13 blocks)"]]
+
+
+def test_what_if_keeps_the_settings_whole_when_the_table_is_too_wide():
+    from types import SimpleNamespace
+
+    from pagetrace.views.sim import render_what_if
+
+    setting = SimpleNamespace(num_blocks=62)  # 61 usable: 60 of them is 98%
+    outcomes = [SimpleNamespace(label=label, setting=setting, hit_rate=0.264, peak_used=60, mean_used_share=0.59, preemptions=1234,
+                                steps=25, evictions=54) for label in ("as given", "num-blocks=60,policy=sglang")]
+    for width in (80, 60, 36):  # at 36 the numbers are cut at the edge; the label, up to 40 characters, still whole
+        lines = plain(render_what_if(outcomes), width)
+        assert any("│ num-blocks=60,policy=sglang │" in line for line in lines), (width, lines)
+    lines = plain(render_what_if(outcomes), 120)
+    row = next(line for line in lines if "as given" in line)
+    assert [c.strip() for c in row.strip("│").split("│")] == ["as given", "26.4%", "98%", "59%", "1,234", "25", "54"]
+
+
+def test_explained_ids_stay_whole():
+    from types import SimpleNamespace
+
+    from pagetrace.views.sim import render_explained
+
+    causes = {"hit": 16, "partial block": 3, "evicted": 0, "different extra key": 0, "first seen": 32}
+    requests = [SimpleNamespace(request_id="prefix-0", prompt_len=40), SimpleNamespace(request_id="chatcmpl-7f3e2b1c9a", prompt_len=51)]
+    docs = [{"prompt_tokens_by_cause": None}, {"prompt_tokens_by_cause": causes}]  # a row without causes first: the next still shows
+    for width in (80, 50):
+        lines = plain(render_explained(requests, docs), width)
+        assert any(line.startswith("│ chatcmpl-7f3e2b1c9a │") for line in lines), (width, lines)
