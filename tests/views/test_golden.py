@@ -123,15 +123,15 @@ def report(index, seq_len, table, block_size, rows, heads, mass, traced=None, he
 
 
 def run_decode():
-    """pagetrace run --tokens 38,20 --token 20 --rows 12: sequence 0 hides two stretches of rows
-    (one of a single row), sequence 1 shares physical block 2 with it."""
+    """pagetrace run --tokens 38,20 --token 20 --rows 12 --table 7,2,15 --table 2,2: sequence 0 hides
+    stretches of rows (one of a single row); sequence 1 maps physical block 2 twice, and shares it with 0."""
     seq0 = report(0, 38, [7, 2, 15], 16, [
         (0, [0.4021], [0.0412]), (1, [-0.1832], [0.0230]), (2, [0.0911], [0.0302]), (3, [0.6604], [0.0533]),
         (5, [0.0215], [0.0281]),
         (17, [1.2040], [0.0916]), (20, [1.5127], [0.1248]), (21, [1.9113], [0.1855]), (22, [0.8450], [0.0638]),
         (34, [-0.7310], [0.0133]), (35, [0.1201], [0.0311]), (36, [0.3385], [0.0387]), (37, [-0.2264], [0.0220]),
     ], [HeadSummary(0, 0.1855, 21, 1.2963, 3.4412)], [0.3107, 0.5281, 0.1612], traced=20)
-    seq1 = report(1, 20, [9, 2], 16, [(t, [0.1 * t - 1.0], [0.05]) for t in range(20)],
+    seq1 = report(1, 20, [2, 2], 16, [(t, [0.1 * t - 1.0], [0.05]) for t in range(20)],
                   [HeadSummary(0, 0.05, 0, 0.8120, 2.9957)], [0.8, 0.2])
     summary = [
         ("key vector norm at token 20", "2.8302 (sequence 0, KV head 0)"),
@@ -143,7 +143,7 @@ def run_decode():
     ]
     header = ("[bold]pagetrace run[/] · 2 sequence(s) · tokens 38,20 · block size 16 · head_dim 8 · 1 head(s) / 1 KV head(s) · "
               "fp32 · layout blocks · pool 16 blocks · backend [bold]interpret[/] (Triton's interpreter) on cpu")
-    return render_run(header, 16, [seq0, seq1], [0], 1, 12, (0, 20), {2: 2}, [set(), set()], summary)
+    return render_run(header, 16, [seq0, seq1], [0], 1, 12, (0, 20), {2: 2}, [set(), {2}], summary)
 
 
 def run_prefill_masked():
@@ -154,8 +154,8 @@ def run_prefill_masked():
     rows = [(0, [0.1, 0.2], [0.0, 0.0], "window"), (1, [0.3, -0.1], [0.0, 0.0], "window"), (2, [0.5, 0.4], [0.0, 0.0], "window"),
             (21, [0.9, 1.1], [0.0712, 0.0830], "visible"), (25, [1.7, 0.2], [0.1441, 0.0301], "visible"),
             (26, [0.4, 2.1], [0.0494, 0.2210], "visible"), (36, [1.2, 0.6], [0.0905, 0.0482], "visible"),
-            (37, [0.0, 0.0], [0.0, 0.0], "causal"), (38, [0.0, 0.0], [0.0, 0.0], "causal"), (39, [0.0, 0.0], [0.0, 0.0], "causal")]
-    head_rows = [{0, 1, 2, 21, 25, 36, 37, 38, 39}, {0, 1, 2, 21, 26, 36, 37, 38, 39}]
+            (37, [0.0, 0.0], [0.0, 0.0], "causal"), (38, [0.0, 0.0], [0.0, 0.0], "causal")]
+    head_rows = [{0, 1, 2, 21, 25, 36, 37, 38}, {0, 1, 2, 21, 26, 36, 37, 38}]  # the last row hidden
     seq = report(0, 40, table, 4, rows, [HeadSummary(0, 0.1441, 25, 0.9137, 2.7781), HeadSummary(1, 0.2210, 26, 1.0402, 2.5130)],
                  [0.0, 0.0, 0.0, 0.0, 0.0, 0.1893, 0.3121, 0.2407, 0.1802, 0.0777], head_rows=head_rows, query_position=36)
     mask_rows = [(33, "·····░████"), (34, "·····░████"), (35, "······████"), (36, "······███░")]

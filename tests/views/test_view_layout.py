@@ -303,3 +303,17 @@ def test_explained_ids_stay_whole():
     for width in (80, 50):
         lines = plain(render_explained(requests, docs), width)
         assert any(line.startswith("│ chatcmpl-7f3e2b1c9a │") for line in lines), (width, lines)
+
+
+def test_fitted_never_gives_a_column_less_than_its_min_width():
+    t = Table()
+    t.add_column("n", min_width=5)
+    t.add_column("words")
+    t.add_row("1", "alpha beta gamma delta")
+    # at 24: 17 columns of content, 5 to "n" and 12 to "words" (which wants 22)
+    assert plain(Fitted(t), 24) == ["┏━━━━━━━┳━━━━━━━━━━━━━━┓",
+                                    "┃ n     ┃ words        ┃",
+                                    "┡━━━━━━━╇━━━━━━━━━━━━━━┩",
+                                    "│ 1     │ alpha beta   │",
+                                    "│       │ gamma delta  │",
+                                    "└───────┴──────────────┘"]
