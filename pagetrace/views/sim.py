@@ -69,7 +69,7 @@ def _names(ids: list[str], limit: int = 4) -> str:
 TIMELINE = ("step", "ran", "tok", "admit", "hits", "+blk", "evict", "preempt", "done", "free")
 
 
-def timeline(steps: list[StepRecord], rows: int, usable: int) -> Table:
+def timeline(steps: list[StepRecord], rows: int) -> Table:
     shown, how = pick_steps(steps, rows)
     t = Table(title=f"Step timeline: {len(shown)} of {len(steps)} steps ({how})", title_justify="left",
               caption="ran: requests run; tok: tokens computed; admit: requests admitted; hits: prefix-hit tokens; "
@@ -132,7 +132,7 @@ def block_tables(step: int, tables: dict[str, list[int]]) -> Table:
 
 
 def render_simulation(summary: Summary, steps: list[StepRecord], rows: int, tables_at: dict) -> Group:
-    parts = [timeline(steps, rows, summary.usable_blocks)] if rows > 0 else []
+    parts = [timeline(steps, rows)] if rows > 0 else []
     parts += [block_tables(s, t) for s, t in tables_at.items()]
     parts += [totals(summary), causes_table(summary), Fitted(waste_table(summary))]
     return Group(*parts)

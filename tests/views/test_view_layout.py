@@ -317,3 +317,16 @@ def test_fitted_never_gives_a_column_less_than_its_min_width():
                                     "│ 1     │ alpha beta   │",
                                     "│       │ gamma delta  │",
                                     "└───────┴──────────────┘"]
+
+
+def test_a_timeline_of_one_row_and_the_metric_without_admissions(capsys, monkeypatch):
+    from pagetrace.views.sim import render_metric
+
+    shown = Console(file=io.StringIO(), width=100, color_system=None, legacy_windows=False, _environ={})
+    monkeypatch.setattr("pagetrace.commands.output.stdout_console", lambda: shown)
+    code, _, err = cli(capsys, "simulate", "--requests", "4", "--timeline-rows", "1")
+    assert code == 0, err
+    lines = shown.file.getvalue().splitlines()
+    assert lines[0].startswith("Step timeline: 1 of ") and sum(line.startswith("│") for line in lines[:lines.index(next(
+        line for line in lines if line.startswith("ran: ")))]) == 1
+    assert render_metric({"queries": 0, "hits": 0, "preempted_queries": 0, "preempted_hits": 0}) == "vLLM's prefix-cache metric: no request admitted"
