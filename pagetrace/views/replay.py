@@ -44,7 +44,7 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
     previous = -1
     for t in sorted(shown):
         if t != previous + 1:
-            rows.add_row("...", "", "", "", "", "", "", "")
+            rows.add_row("...")  # Rich leaves the other cells empty
         row = summary.rows[t]
         rows.add_row(*(str(row[k]) for k in ("token", "logical_block", "offset", "physical_block", "slot", "refcount")), f"{row['score']:.4f}", f"{row['weight']:.4f}")
         previous = t

@@ -26,7 +26,7 @@ def weight_bar(weight: float, peak: float, note: str = "") -> Text:
     return bar
 
 
-def hidden_rows(count: int, what: str = "rows", columns: int = 9) -> list:
+def hidden_rows(count: int, what: str, columns: int) -> list:
     noun = what if count != 1 else what.removesuffix("s")
     return ["⋮", *[""] * (columns - 2), Text(f"{count} {noun} hidden", style="dim")]
 
@@ -35,24 +35,24 @@ MASK_STYLES = {"causal": "dim", "window": "dim italic"}
 MASK_SHORT = {"visible": "✓"}
 
 
-def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | None, num_heads: int, show_mask: bool = False) -> Table:
+def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | None, num_heads: int, show_mask: bool) -> Table:
     """One head's rows: the report already holds just the rows to show, in token order."""
     summary = seq.heads[head]
     title = f"sequence {seq.index}: {seq.seq_len} tokens" + (f", query head {head}" if num_heads > 1 else "")
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, pad_edge=False)
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0)
     if show_mask:
         title += f", query at position {seq.query_position}"
         table.title = title
     for name in ("token", "logical", "offset", "physical", "slot", "part", "score", *(["mask"] if show_mask else []), "weight"):
         table.add_column(name, justify="right", no_wrap=True, min_width=6 if name == "mask" else None)
-    table.add_column("", no_wrap=True)
+    table.add_column("", min_width=BAR_WIDTH)  # the bars: the one column that wraps (its note under its bar) where the table is too wide
     previous = -1
     for row in seq.rows:
         t = row.token
         if t not in seq.head_rows[head_pos]:
             continue
         if t != previous + 1:
-            table.add_row(*hidden_rows(t - previous - 1, columns=10 if show_mask else 9))
+            table.add_row(*hidden_rows(t - previous - 1, "rows", 10 if show_mask else 9))
         style = TOKEN_STYLE if t == highlight else MAX_STYLE if t == summary.argmax else MASK_STYLES.get(row.mask)
         marks = " + ".join(mark for mark, on in (("traced", t == highlight), ("max", t == summary.argmax)) if on)
         table.add_row(
@@ -63,7 +63,7 @@ def token_table(seq: SequenceReport, head_pos: int, head: int, highlight: int | 
         )
         previous = t
     if previous != seq.seq_len - 1:
-        table.add_row(*hidden_rows(seq.seq_len - 1 - previous, columns=10 if show_mask else 9))
+        table.add_row(*hidden_rows(seq.seq_len - 1 - previous, "rows", 10 if show_mask else 9))
     return table
 
 
@@ -84,7 +84,7 @@ def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int],
     masses = torch.tensor(seq.block_mass, dtype=torch.float64)
     for b in sorted(rows_to_show(len(masses), masses, limit, traced_block)):
         if b != previous + 1:
-            table.add_row(*hidden_rows(b - previous - 1, "blocks", columns=2))
+            table.add_row(*hidden_rows(b - previous - 1, "blocks", 2))
         previous = b
         span, mass = seq.spans[b], seq.block_mass[b]
         note = ""
@@ -101,7 +101,7 @@ def coverage_table(seq: SequenceReport, block_size: int, shared: dict[int, int],
             f"attention {mass:.4f}",
         )
     if previous != len(seq.spans) - 1:
-        table.add_row(*hidden_rows(len(seq.spans) - 1 - previous, "blocks", columns=2))
+        table.add_row(*hidden_rows(len(seq.spans) - 1 - previous, "blocks", 2))
     return table
 
 

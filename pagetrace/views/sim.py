@@ -8,7 +8,7 @@ from rich.table import Table
 from ..sim.baselines import CATEGORIES
 from ..sim.scheduler import StepRecord
 from ..sim.summary import Summary
-from .text import header
+from .text import Fitted, header
 
 ANCHORS = (  # (what, the step it picks) in the order the title names them
     ("the first admission", lambda steps: next((s for s in steps if s.admitted), None)),
@@ -69,7 +69,7 @@ def _names(ids: list[str], limit: int = 4) -> str:
 TIMELINE = ("step", "ran", "tok", "admit", "hits", "+blk", "evict", "preempt", "done", "free")
 
 
-def timeline(steps: list[StepRecord], rows: int, usable: int) -> Table:
+def timeline(steps: list[StepRecord], rows: int) -> Table:
     shown, how = pick_steps(steps, rows)
     t = Table(title=f"Step timeline: {len(shown)} of {len(steps)} steps ({how})", title_justify="left",
               caption="ran: requests run; tok: tokens computed; admit: requests admitted; hits: prefix-hit tokens; "
@@ -92,7 +92,7 @@ def causes_table(summary: Summary) -> Table:
     t.add_column("tokens", justify="right")
     t.add_column("share", justify="right")
     for cause, n in summary.causes.items():
-        t.add_row(cause, f"{n:,}", f"{n / summary.prompt_tokens:.1%}" if summary.prompt_tokens else "-")
+        t.add_row(cause, f"{n:,}", f"{n / summary.prompt_tokens:.1%}")  # every request has a prompt token (--prompt-len, a trace: at least 1)
     return t
 
 
@@ -132,13 +132,13 @@ def block_tables(step: int, tables: dict[str, list[int]]) -> Table:
 
 
 def render_simulation(summary: Summary, steps: list[StepRecord], rows: int, tables_at: dict) -> Group:
-    parts = [timeline(steps, rows, summary.usable_blocks)] if rows > 0 else []
+    parts = [timeline(steps, rows)] if rows > 0 else []
     parts += [block_tables(s, t) for s, t in tables_at.items()]
-    parts += [totals(summary), causes_table(summary), waste_table(summary)]
+    parts += [totals(summary), causes_table(summary), Fitted(waste_table(summary))]
     return Group(*parts)
 
 
-def render_groups(groups: list[dict], usable: int) -> Table:
+def render_groups(groups: list[dict], usable: int) -> Fitted:
     """simulate --layers: each KV cache group's blocks (one block table per request, one pool)."""
     table = Table(title=f"KV cache groups: one pool of {usable:,} usable blocks, a block table per group", title_justify="left")
     for col in ("group", "attention", "layers", "peak blocks", "mean blocks", "peak share"):
@@ -147,7 +147,7 @@ def render_groups(groups: list[dict], usable: int) -> Table:
         kind = "full" if g["window"] is None else f"sliding, window {g['window']:,}"
         table.add_row(str(g["group"]), kind, str(g["layers"]), f"{g['peak_blocks']:,}", f"{g['mean_blocks']:,.1f}",
                       f"{g['peak_blocks'] / usable:.1%}")
-    return table
+    return Fitted(table)
 
 
 def render_metric(metric: dict) -> str:
@@ -160,7 +160,7 @@ def render_metric(metric: dict) -> str:
     return line
 
 
-def render_explained(requests, explained: list[dict]) -> Table:
+def render_explained(requests, explained: list[dict]) -> Fitted:
     table = Table(title="prefix-cache outcome per request (prompt tokens)", title_justify="left")
     for col in ("request", "prompt", "hit", "partial block", "evicted", "other key", "first seen", "why"):
         header(table, col, justify="left" if col in ("request", "why") else "right", no_wrap=col == "request")
@@ -182,7 +182,7 @@ def render_explained(requests, explained: list[dict]) -> Table:
         by = "; ".join(parts)
         table.add_row(req.request_id, str(req.prompt_len), str(why["hit"]), str(why["partial block"]), str(why["evicted"]),
                       str(why["different extra key"]), str(why["first seen"]), by)
-    return table
+    return Fitted(table)
 
 
 def render_comparison(cmp, stream, source: str) -> str:
@@ -205,7 +205,7 @@ def render_comparison(cmp, stream, source: str) -> str:
     return "\n".join(lines)
 
 
-def render_what_if(outcomes) -> Table:
+def render_what_if(outcomes) -> Fitted:
     t = Table(title="what if: the same workload under other settings", title_justify="left")
     t.add_column("setting", no_wrap=True, min_width=min(max(len(o.label) for o in outcomes), 40))
     for col in ("hit rate", "peak use", "mean use", "preempted", "steps", "evicted"):
@@ -216,4 +216,4 @@ def render_what_if(outcomes) -> Table:
                   f"{o.preemptions:,}", f"{o.steps:,}", f"{o.evictions:,}")
     t.caption = "use: blocks in use after a step, as a share of the run's pool; preempted: preemptions; evicted: cached blocks reused"
     t.caption_justify = "left"
-    return t
+    return Fitted(t)

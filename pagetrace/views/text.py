@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from copy import copy
+from dataclasses import replace
+
 from rich.console import Group
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -46,7 +50,7 @@ class BlockTableStrip:
     It fits the width it is rendered at by leaving out whole entries (an 'N more'
     column stands for them), never by cutting a block number."""
 
-    def __init__(self, table: list[int], highlight: int | None, title: str = "block table") -> None:
+    def __init__(self, table: list[int], highlight: int | None, title: str) -> None:
         self.table, self.highlight, self.title = table, highlight, title
 
     def shown(self, width: int) -> list[int]:
@@ -87,6 +91,50 @@ def header(t: Table, name: str, **options) -> None:
     t.add_column(name, min_width=max((len(word) for word in name.split()), default=0), **options)
 
 
+UNBOUNDED = 100_000  # a width no table here reaches: Rich measures a table at most as wide as it is given
+
+
+class Fitted:
+    """A table that fits the terminal whenever its columns' minimum widths do.
+
+    Rich narrows a table wider than the terminal by taking its widest wrappable columns down
+    evenly, past a column's `min_width` (`header`'s), which it then restores: the table comes
+    out wider than the terminal and the console cuts its last columns off (`simulate`'s waste
+    table at 80 columns lost "peak run"). Here each column gets its minimum width and the
+    width left over goes to the columns that want more, the least wanting first."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_console__(self, console, options):
+        table = self.table
+        unbounded = options.update_width(UNBOUNDED)
+        overall = Measurement.get(console, unbounded, table).maximum  # Rich's measure never exceeds the width it is given
+        if overall <= options.max_width:
+            yield table
+            return
+        lows, highs = [], []
+        for column in table.columns:
+            sizes = [Measurement.get(console, unbounded, cell) for cell in (column.header, *column.cells)]
+            low = max(column.min_width or 0, *(m.minimum for m in sizes))
+            high = max(low, *(m.maximum for m in sizes))
+            lows.append(high if column.no_wrap else low)
+            highs.append(high)
+        room = options.max_width - (overall - sum(highs))  # less the borders and padding
+        if sum(lows) > room:  # nothing fits: Rich's own narrowing
+            yield table
+            return
+        widths, spare = list(lows), room - sum(lows)
+        order = sorted(range(len(widths)), key=lambda i: highs[i] - lows[i])
+        for k, i in enumerate(order):
+            grant = min(highs[i] - lows[i], spare // (len(order) - k))
+            widths[i] += grant
+            spare -= grant
+        fitted = copy(table)
+        fitted.columns = [replace(c, width=w) for c, w in zip(table.columns, widths)]
+        yield fitted
+
+
 def vector_in_memory(addr: VectorAddress) -> str:
     """How the head_dim elements of one vector lie: one run, chunks a fixed stride apart, or groups of them."""
     return runs_text([(c.element_offset, c.elements) for c in addr.chunks], addr.element_size)
@@ -110,7 +158,7 @@ def address_table(trace: TokenTrace) -> Table:
     # how each vector lies in memory, as wrapped text below the table (a sixth column would not fit 80 columns)
     memory = Table(show_header=False, box=None, padding=(0, 1))
     memory.add_column(style="bold", no_wrap=True)
-    memory.add_column(ratio=1)
+    memory.add_column()
     for addr in (trace.key, trace.value):
         memory.add_row(f"{addr.which} in memory", vector_in_memory(addr))
     return Group(table, memory)

@@ -31,8 +31,8 @@ def test_kernel_backend_states_its_checks(capsys):
 
 
 def test_hidden_row_grammar():
-    assert str(hidden_rows(1)[-1]) == "1 row hidden"
-    assert str(hidden_rows(2)[-1]) == "2 rows hidden"
+    assert str(hidden_rows(1, "rows", 9)[-1]) == "1 row hidden"
+    assert str(hidden_rows(2, "rows", 9)[-1]) == "2 rows hidden"
     assert str(hidden_rows(1, "blocks", 2)[-1]) == "1 block hidden"
 
 
