@@ -167,8 +167,8 @@ class ReplaySummary:
     rows: list[dict]  # per context token of the traced query
     block_mass: list[float]  # attention per logical block of the traced request (mean over heads)
     refcount: dict[int, int]  # physical block -> requests whose table holds it
-    cache_read: str = ""  # how the stored pages were read (`cache_read`)
-    traced_name: str = ""  # the traced request's id (`requests` lists only those with new tokens replayed)
+    cache_read: str  # how the stored pages were read (`cache_read`)
+    traced_name: str  # the traced request's id (`requests` lists only those with new tokens replayed)
 
     @property
     def passed(self) -> bool:

@@ -212,7 +212,7 @@ def replay_summary(manifest, token_weights):
             for t, (s, w) in enumerate(token_weights)]
     requests = [RequestResult("a", 1, 7, [3, 5], 5.96e-08, 1.19e-07, True), RequestResult("b", 1, 9, [3, 5, 4], 0.0, None, True)]
     mass = [sum(w for _, w in token_weights[:bs]), sum(w for _, w in token_weights[bs:])]
-    return ReplaySummary("torch", manifest.dtype, 1e-05, requests, 0, len(token_weights) - 1, rows, mass, refcount, cache_read(manifest))
+    return ReplaySummary("torch", manifest.dtype, 1e-05, requests, 0, len(token_weights) - 1, rows, mass, refcount, cache_read(manifest), "a")
 
 
 WEIGHTS = [(0.1250, 0.0921), (-0.4410, 0.0523), (0.9031, 0.2010), (0.3362, 0.1139), (1.1208, 0.2498), (-0.0871, 0.0749), (0.6113, 0.2160)]

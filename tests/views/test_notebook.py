@@ -107,6 +107,7 @@ def test_check_and_replay_reports_show_their_tables():
     html = found._repr_html_()
     assert "1 violation(s)" in html and ">99<" in html and "outside the pool" in html and ">r1<" in html
     summary = ReplaySummary("interpret", "bf16", 1.6e-2, [RequestResult("r1", 1, 40, [5, 9, 2], 1e-3, 2e-3, True),
-                                                          RequestResult("r2", 3, 20, [5, 7], 5e-2, None, False)], 0, 39, [], [], {5: 2})
+                                                          RequestResult("r2", 3, 20, [5, 7], 5e-2, None, False)], 0, 39, [], [], {5: 2},
+                            "the stored pages as the vllm layout's strided views", "r1")
     html = summary._repr_html_()
     assert "5,9,2" in html and "DIFFERS" in html and "failed" in html
