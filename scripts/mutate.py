@@ -90,6 +90,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_scheduler.py",
             "tests/sim/test_sim_radix.py",
             "tests/sim/test_sim_digest.py",
+            "tests/sim/test_sim_events.py",
+            "tests/sim/test_sim_event_messages.py",
+            "tests/sim/test_sim_trace.py",
+            "tests/sim/test_sim_hybrid.py",
         ],
     ),
     "capacity": (
