@@ -228,7 +228,9 @@ def encode_record(frames: list[bytes], received: float) -> bytes:
 
 def check_magic(data: bytes, source: str) -> None:
     if not data.startswith(FILE_MAGIC):
-        head = data[: len(FILE_MAGIC)]
+        head = data[:64].split(b"\n", 1)[0]  # the first line, whole: "pagetrace-kv-events 100" is version 100
+        if head == FILE_MAGIC.strip():
+            raise EventError(f"{source}: the file ends inside its first line ({head.decode()!r}): truncated")
         if head.startswith(b"pagetrace-kv-events "):
             raise EventError(f"{source}: a KV events file of another version ({head.strip().decode(errors='replace')}); "
                              f"this pagetrace reads {FILE_MAGIC.strip().decode()}: upgrade pagetrace")

@@ -340,6 +340,9 @@ def test_problems_in_messages_come_before_the_cut(tmp_path):
                                   "pagetrace-kv-events 1: upgrade pagetrace"),
     (b"hello", "not a pagetrace KV events file (it does not start with 'pagetrace-kv-events 1')"),
     (b"", "not a pagetrace KV events file (it does not start with 'pagetrace-kv-events 1')"),
+    (b"pagetrace-kv-events 100\n", "a KV events file of another version (pagetrace-kv-events 100); this pagetrace reads "
+                                   "pagetrace-kv-events 1: upgrade pagetrace"),
+    (b"pagetrace-kv-events 1", "the file ends inside its first line ('pagetrace-kv-events 1'): truncated"),  # cut before its newline
 ])
 def test_files_of_another_kind_or_version(tmp_path, head, text):
     path = tmp_path / "e.kvev"
