@@ -94,6 +94,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_event_messages.py",
             "tests/sim/test_sim_trace.py",
             "tests/sim/test_sim_trace_format.py",
+            "tests/sim/test_sim_vllm_hash.py",
             "tests/sim/test_sim_hybrid.py",
         ],
     ),
