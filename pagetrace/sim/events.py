@@ -124,7 +124,7 @@ def decode_event(raw) -> BlockStored | BlockRemoved | AllBlocksCleared:
         values = dict(zip(names or (), raw[1:]))
     else:
         raise EventError(f"an event must be a map tagged 'type' or an array starting with its type, not {type(raw).__name__}")
-    if tag not in FIELDS:
+    if not isinstance(tag, str) or tag not in FIELDS:  # (a list or map tag is unhashable: no `in` on it)
         raise EventError(f"unknown event type {tag!r} (this reader knows {', '.join(FIELDS)})")
     missing = [n for n in FIELDS[tag][: REQUIRED[tag]] if n not in values]
     if missing:

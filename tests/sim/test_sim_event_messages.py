@@ -99,6 +99,9 @@ def test_a_positional_event_of_every_field_is_read_and_one_more_refused():
     ({"block_hashes": [1]}, "unknown event type None (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
     ({"type": "BlockMoved"}, "unknown event type 'BlockMoved' (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
     ([5, [1]], "unknown event type 5 (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
+    ([[1], 2], "unknown event type [1] (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
+    ({"type": [1]}, "unknown event type [1] (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
+    ({"type": {"a": 1}}, "unknown event type {'a': 1} (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
     (["BlockMoved", [1], None, [1, 2, 3, 4], 4], "unknown event type 'BlockMoved' (this reader knows BlockStored, BlockRemoved, AllBlocksCleared)"),
 ])
 def test_events_that_are_no_event(raw, text):
