@@ -361,3 +361,63 @@ def test_a_file_of_only_the_magic_line_holds_nothing(tmp_path):
     stream = ev.read_file(str(path))
     assert stream.batches == [] and stream.problems == [] and stream.gaps == [] and stream.source == str(path)
 
+
+
+# -- what the first runs of mutmut found untested --
+
+def test_a_block_stored_lacking_two_fields_names_both():
+    assert problem({"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None}) == "a BlockStored lacks token_ids, block_size"
+
+
+def test_the_decoder_is_made_on_first_use(monkeypatch):
+    monkeypatch.setattr(ev, "_decoder", None)
+    batch, problems = ev.decode_message(message(0, [{"type": "AllBlocksCleared"}]), "m")
+    assert problems == [] and len(batch.events) == 1 and ev._decoder is not None
+
+
+def test_without_msgspec_the_reader_says_what_to_install(monkeypatch):
+    import sys
+
+    from pagetrace.errors import RuntimeFailure
+
+    monkeypatch.setattr(ev, "_decoder", None)
+    monkeypatch.setitem(sys.modules, "msgspec", None)  # what `import msgspec` meets where it is not installed
+    with pytest.raises(RuntimeFailure) as exc:
+        ev.decode_message(message(0, []), "m")
+    assert str(exc.value) == "reading KV events needs msgspec: pip install 'pagetrace[vllm]' (or pip install msgspec)"
+
+
+def test_sequence_numbers_are_signed_as_vllms_end_marker():
+    """kv_events.py ZmqEventPublisher: the replay socket ends with END_SEQ = (-1).to_bytes(8, "big", signed=True)
+    and an empty payload; a recording that holds it reads -1, and the stream goes on from 0 with no restart."""
+    end = [b"", (-1).to_bytes(8, "big", signed=True), b""]
+    with pytest.raises(ev.EventError, match=r"^m \(sequence number -1\): the payload of 0 bytes"):
+        ev.decode_message(end, "m")
+    stream = read([end, 0, 1])
+    assert [b.seq for b in stream.batches] == [0, 1] and stream.gaps == [] and len(stream.problems) == 1
+
+
+def test_read_messages_names_no_source_unless_told():
+    assert ev.read_messages([]).source == "" and ev.read_messages([]).batches == []
+
+
+def test_a_record_of_many_frames(tmp_path):
+    """A multipart message of 200 frames (another publisher's) is recorded whole and refused as a message."""
+    path = tmp_path / "e.kvev"
+    path.write_bytes(ev.file_bytes([([b"x"] * 200, 1.0), (message(0, []), 2.0)]))
+    stream = ev.read_file(str(path))
+    assert [b.seq for b in stream.batches] == [0]
+    assert stream.problems == [f"{path}, message 0 at byte 22: a message has 3 frames [topic, sequence number, payload], this one 200; message skipped"]
+
+
+@pytest.mark.parametrize("data, shown", [
+    (b"pagetrace-kv-events 2\nx\nM", "pagetrace-kv-events 2"),  # the first line only
+    (b"pagetrace-kv-events " + b"9" * 80 + b"\n", "pagetrace-kv-events " + "9" * 44),  # at most 64 bytes of it
+    (b"pagetrace-kv-events \xff\n", "pagetrace-kv-events \ufffd"),  # not UTF-8: replaced, not raised
+])
+def test_another_versions_first_line_as_shown(tmp_path, data, shown):
+    path = tmp_path / "e.kvev"
+    path.write_bytes(data)
+    with pytest.raises(ev.EventError) as exc:
+        ev.read_file(str(path))
+    assert str(exc.value) == f"{path}: a KV events file of another version ({shown}); this pagetrace reads pagetrace-kv-events 1: upgrade pagetrace"
