@@ -98,6 +98,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_compare.py",
             "tests/sim/test_sim_hybrid.py",
             "tests/sim/test_sim_hybrid_rules.py",
+            "tests/sim/test_sim_hybrid_manager.py",
             # these two wait on vLLM's ZMQ publisher (sleeps, timeouts): events.listen's mutants
             # took a minute each; listen is left out ("no tests"), decode and read are measured
             "--deselect", "tests/sim/test_sim_events.py::test_live_listen_times_out_and_reads_a_publisher",
