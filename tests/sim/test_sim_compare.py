@@ -246,3 +246,132 @@ def test_a_block_past_the_known_hashes():
 def test_cleared_items_keep_their_message(where):
     items, _, _ = server_items(stream([], [AllBlocksCleared()], seqs=[3, 4]), 4, "hash")
     assert [(i.kind, i.key, i.where, i.seq) for i in items] == [(where, None, "message 4, event 0", 4)]
+
+
+# -- a hybrid model: one full-attention group (0) and one sliding-window group (1) --
+
+def run_hybrid(window=5, num_blocks=40, text=None):
+    from pagetrace.sim.hybrid import FULL, SLIDING, KVGroup, LayerKind
+
+    trace = read_trace(text or trace_text(), 4)
+    groups = [KVGroup(LayerKind(FULL), 1), KVGroup(LayerKind(SLIDING, window), 1)]
+    return simulate(trace.requests, num_blocks, 4, record_events=True, groups=groups), trace
+
+
+def hybrid_server():
+    """Window 5, block size 4: the sliding group needs cdiv(4, 4) = 1 block before the replay
+    boundary (token 7, block 1) and caches only block 0 of each 8-token prompt; its BlockStored
+    carries the tokens of both blocks the call covered (block_pool.py cache_full_blocks)."""
+    ha, hb = block_hashes(A, 4), block_hashes(B, 4)
+    return [[BlockStored(ha, None, A, 4, group_idx=0), BlockStored(ha[:1], None, A, 4, group_idx=1)],
+            [BlockStored(hb, None, B, 4, group_idx=0), BlockStored(hb[:1], None, B, 4, group_idx=1)]], ha, hb
+
+
+def test_hybrid_prediction_item_by_item():
+    result, trace = run_hybrid()
+    ha, hb = block_hashes(A, 4), block_hashes(B, 4)
+    items = predicted_items(result, trace, 4, "hash")
+    assert [(i.kind, i.key, i.where, i.request, i.block) for i in items] == [
+        ("stored", (ha[0], 0), "step 0, group 0", "A", 0), ("stored", (ha[1], 0), "step 0, group 0", "A", 1),
+        ("stored", (ha[0], 1), "step 0, group 1", "A", 0),
+        ("stored", (hb[0], 0), "step 5, group 0", "B", 0), ("stored", (hb[1], 0), "step 5, group 0", "B", 1),
+        ("stored", (hb[0], 1), "step 5, group 1", "B", 0)]
+
+
+def test_hybrid_compare_equal_and_divergent():
+    result, trace = run_hybrid()
+    msgs, ha, hb = hybrid_server()
+    c = compare(result, trace, stream(*msgs), 4)
+    assert (c.mode, c.predicted, c.server, c.agree, c.first_divergence, c.skipped) == ("hash", 6, 6, 6, None, 0), c.first_divergence
+    msgs[1][1] = BlockStored(hb, None, B, 4, group_idx=1)  # the server's sliding group cached both of B's blocks
+    c = compare(result, trace, stream(*msgs), 4)
+    assert c.agree == 6 and c.first_divergence == {"item": 6, "pagetrace": {"did": "nothing more (the prediction ends here)"},
+                                                   "server": {"did": "BlockStored", "hash": f"{hb[1]:#018x} (group 1)",
+                                                              "where": "message 1, event 1"}}  # no prediction owns it
+
+
+def test_hybrid_removals_name_the_group():
+    """A pool of 5 blocks (4 usable): A takes 3 (2 full, 2 sliding less the one that left the
+    window); B's allocation evicts A's cached blocks; every removal maps to a block stored before."""
+    result, trace = run_hybrid(num_blocks=6)
+    items = predicted_items(result, trace, 4, "hash")
+    stored = {i.key for i in items if i.kind == "stored"}
+    removed = [i for i in items if i.kind == "removed"]
+    assert removed and all(i.key in stored and i.request == "B" and i.where == "step 5" for i in removed)
+    # the same items as the server publishes them, by hand from the prediction's order: equal
+    by_message = {}
+    for i in items:
+        by_message.setdefault(i.where.split(",")[0], []).append(i)
+    msgs = []
+    for its in by_message.values():
+        evs = []
+        for i in its:
+            (h, g) = i.key
+            evs.append(BlockRemoved([h], group_idx=g) if i.kind == "removed" else BlockStored([h], None, [0] * 4, 4, group_idx=g))
+        msgs.append(evs)
+    assert compare(result, trace, stream(*msgs), 4).first_divergence is None
+
+
+def test_hybrid_by_token_content():
+    result, trace = run_hybrid(text=trace_text({"hash": {"algo": "xxhash", "seed": None}}))
+    msgs, _, _ = hybrid_server()
+    c = compare(result, trace, stream(*msgs), 4)
+    assert c.mode == "content" and c.agree == 6 and c.first_divergence is None, c.first_divergence
+
+
+def test_items_after_a_cleared_event_in_the_same_message():
+    items, _, _ = server_items(stream([AllBlocksCleared(), BlockStored([7], None, [1, 2, 3, 4], 4)]), 4, "hash")
+    assert [(i.kind, i.key) for i in items] == [("cleared", None), ("stored", 7)]  # without groups: the bare hash
+
+
+def test_an_unseen_parent_is_not_the_start_of_a_prompt():
+    """By content, a block whose parent the server stored before the stream began is not the
+    first block of a prompt, even with the same tokens."""
+    result, trace = run(trace_text({"hash": {"algo": "xxhash", "seed": None}}))
+    msgs = [[BlockStored([71], 999, A[:4], 4)]]
+    assert compare(result, trace, stream(*msgs), 4).agree == 0
+    assert compare(result, trace, stream([BlockStored([71], None, A[:4], 4)]), 4).agree == 1
+
+
+def test_fewer_extra_keys_than_hashes():
+    result, trace = run(trace_text(a_extra={"lora_name": "sql"}))
+    msgs = [[BlockStored([1001, 1002], None, A, 4, extra_keys=[("sql",)])]]  # block 1's keys left out: read as none
+    c = compare(result, trace, stream(*msgs), 4)
+    assert c.agree == 1 and c.first_divergence["item"] == 1
+
+
+def test_a_gap_in_content_mode_and_a_gap_of_two():
+    result, trace = run(trace_text({"hash": {"algo": "xxhash", "seed": None}}))
+    msgs = [[BlockStored(block_hashes(A, 4), None, A, 4)], [BlockRemoved([block_hashes(A, 4)[1]])], [BlockStored([5, 6], None, B, 4)]]
+    c = compare(result, trace, stream(msgs[0], msgs[2], seqs=[0, 2], gaps=[(1, 1)]), 4)
+    assert c.mode == "content" and c.agree == 2 and c.first_divergence["reason"].startswith("messages are missing")
+    result, trace = run()
+    ms, ha, hb = servers()
+    c = compare(result, trace, stream(ms[0], ms[2], seqs=[0, 3], gaps=[(1, 2)]), 4)  # messages 1 and 2 lost
+    assert c.agree == 2 and c.first_divergence["reason"].startswith("messages are missing")
+
+
+def test_no_fallback_where_the_hashes_overlap_or_are_given():
+    result, trace = run()
+    ha, hb = block_hashes(A, 4), block_hashes(B, 4)
+    c = compare(result, trace, stream([BlockStored(ha[:1], None, A[:4], 4)], [BlockStored(hb, None, B, 4)]), 4)
+    assert c.mode == "hash" and c.notes == []  # A's first block is the server's: the hashes are comparable
+    # content mode from the start: no second note, whatever the server stored
+    result, trace = run(trace_text({"hash": {"algo": "xxhash", "seed": None}}))
+    c = compare(result, trace, stream([BlockStored([1], None, [9, 9, 9, 9], 4)]), 4)
+    assert c.notes == ["compared by token content: the trace's hashing (xxhash) is not reproduced here"]
+    # a private trace's given hashes are the server's own: compared by hash even when none matches
+    text = ('{"format":"pagetrace-trace","version":1,"block_size":4,"hashes_only":true}\n'
+            '{"id":"A","prompt_len":8,"output_len":1,"block_hashes":[5,6]}\n')
+    result, trace = run(text)
+    c = compare(result, trace, stream([BlockStored([7, 8], None, A, 4)]), 4)
+    assert c.mode == "hash" and c.notes == [] and c.agree == 0
+
+
+def test_the_concurrent_reason_word_for_word():
+    result, trace = run(trace_text({"source": {"sequential": False}}))
+    msgs, ha, hb = servers()
+    msgs[1] = [BlockRemoved([ha[0]])]
+    assert compare(result, trace, stream(*msgs), 4).first_divergence["reason"] == (
+        "the trace was recorded with requests sent concurrently: its arrival steps are estimated from send times, and which "
+        "requests the server's steps took depended on when they reached it; the two agree on the first 2 events")
