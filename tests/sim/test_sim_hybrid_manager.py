@@ -27,20 +27,20 @@ BS, MML, IN_FLIGHT = 4, 256, 64
 
 
 class Vllm:
-    def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True, bs: int = 4) -> None:
         import torch
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
-        common = dict(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
+        common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
         kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
                             kv_cache_groups=[KVCacheGroupSpec(["full.0"], FullAttentionSpec(**common)),
                                              KVCacheGroupSpec(["sw.0"], SlidingWindowSpec(**common, sliding_window=window))])
-        self.mgr = KVCacheManager(kvc, MML, BS, BS, max_in_flight_tokens=IN_FLIGHT, enable_caching=caching, enable_kv_cache_events=True)
+        self.mgr = KVCacheManager(kvc, MML, bs, bs, max_in_flight_tokens=IN_FLIGHT, enable_caching=caching, enable_kv_cache_events=True)
         init_none_hash(sha256)
-        self.hasher = get_request_block_hasher(BS, sha256)
+        self.hasher = get_request_block_hasher(bs, sha256)
         self.reqs: dict = {}
 
     def add(self, rid, prompt, outputs, chunk):
@@ -76,6 +76,25 @@ class Vllm:
     def free(self, rid):
         self.mgr.free(self.reqs.pop(rid)[0])
 
+    def preempt(self, rid):
+        """scheduler.py `_preempt_request`: freed, num_computed_tokens 0, looked up again on readmission."""
+        from vllm.v1.request import RequestStatus
+
+        req, outputs = self.reqs[rid]
+        self.mgr.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        blocks, hit, boundary = self.mgr.get_computed_blocks(req)
+        req.shared_prefix_boundary = boundary
+        n = req.num_tokens - hit
+        if self.mgr.allocate_slots(req, n, num_new_computed_tokens=hit, new_computed_blocks=blocks, full_sequence_must_fit=True) is None:
+            del self.reqs[rid]
+            return hit, None
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = hit + n
+        self._sample(rid)
+        return hit, True
+
     def tables(self):
         return {rid: [list(g) for g in self.mgr.get_block_ids(rid)] for rid in self.reqs}
 
@@ -90,9 +109,10 @@ class Vllm:
 
 
 class Sim:
-    def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True, bs: int = 4) -> None:
         groups = [KVGroup(LayerKind(FULL), 1), KVGroup(LayerKind(SLIDING, window), 1)]
-        self.policy = HybridVllmPrefixCaching(groups, num_blocks, BS, enable_caching=caching, max_model_len=MML,
+        self.bs = bs
+        self.policy = HybridVllmPrefixCaching(groups, num_blocks, bs, enable_caching=caching, max_model_len=MML,
                                               max_in_flight_tokens=IN_FLIGHT, retention=retention)
         self.log = self.policy.record_events()
         self.reqs: dict[str, SimRequest] = {}
@@ -124,6 +144,19 @@ class Sim:
     def free(self, rid):
         self.policy.free(self.reqs.pop(rid))
 
+    def preempt(self, rid):
+        req = self.reqs[rid]
+        self.policy.free(req)
+        req.num_computed = 0
+        blocks, hit = self.policy.lookup(req)
+        n = req.num_tokens - hit
+        if self.policy.allocate_slots(req, n, blocks, hit, full_sequence_must_fit=True) is None:
+            self.freed[rid] = self.reqs.pop(rid)
+            return hit, None
+        req.num_computed = hit + n
+        self._sample(req)
+        return hit, True
+
     def tables(self):
         return {rid: self.policy.group_tables(rid) for rid in self.reqs}
 
@@ -133,7 +166,7 @@ class Sim:
             if entry[0] == "stored":
                 _, rid, _, hashes, g, indices = entry
                 req = self.reqs.get(rid) or self.freed[rid]
-                theirs = block_hashes(list(req.prompt) + list(req.output), BS)
+                theirs = block_hashes(list(req.prompt) + list(req.output), self.bs)
                 for h, i in zip(hashes, indices):
                     self.external[(h, g)] = theirs[i]
                     out.append(("stored", theirs[i], g))
@@ -144,9 +177,9 @@ class Sim:
         return out
 
 
-def both(num_blocks, window, retention, script, caching=True):
+def both(num_blocks, window, retention, script, caching=True, bs=4):
     """Run the script on vLLM's manager and on pagetrace's, comparing after every call."""
-    v, s = Vllm(num_blocks, window, retention, caching), Sim(num_blocks, window, retention, caching)
+    v, s = Vllm(num_blocks, window, retention, caching, bs), Sim(num_blocks, window, retention, caching, bs)
     s.freed = {}
     for k, (op, rid, *args) in enumerate(script):
         if op != "add" and rid not in v.reqs:  # refused when it came: its later calls are not made
@@ -155,6 +188,8 @@ def both(num_blocks, window, retention, script, caching=True):
             got = v.add(rid, *args), s.add(rid, *args)
         elif op == "step":
             got = v.step(rid, *args), s.step(rid, *args)
+        elif op == "preempt":
+            got = v.preempt(rid), s.preempt(rid)
         else:
             s.freed[rid] = s.reqs[rid]
             v.free(rid)
@@ -181,7 +216,7 @@ def sequential():
             ("add", "d", P + [1, 2, 3, 4, 5], [6], 64), ("free", "d")]  # a's prompt and output: a longer hit
 
 
-@pytest.mark.parametrize("window", [3, 4, 5, 8, 9, 17])
+@pytest.mark.parametrize("window", [2, 3, 4, 5, 6, 8, 9, 10, 17])
 @pytest.mark.parametrize("retention", [0, None, 8])
 def test_sequential_requests(window, retention):
     both(40, window, retention, sequential())
@@ -228,3 +263,50 @@ def test_without_prefix_caching():
 def test_a_request_of_one_block_and_one_token():
     both(20, 4, 0, [("add", "a", [1, 2, 3, 4], [5, 6], 64), ("step", "a", 1), ("free", "a"),
                     ("add", "b", [1, 2, 3, 4], [7], 64), ("free", "b"), ("add", "c", [9], [1, 2, 3, 4, 5], 64), *decode("c", 4)])
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 5])
+def test_one_token_blocks(window):
+    both(60, window, 0, sequential(), bs=1)
+
+
+@pytest.mark.parametrize("length", [16, 17])
+@pytest.mark.parametrize("window", [5, 6])
+def test_prompts_at_and_one_past_a_block(length, window):
+    p = list(range(500, 500 + length))
+    both(40, window, 0, [("add", "a", p, [1, 2], 64), ("step", "a", 1), ("free", "a"), ("add", "b", p, [3], 64), ("free", "b"),
+                         ("add", "c", p + [1, 2, 3], [4], 64), ("free", "c")])
+
+
+@pytest.mark.parametrize("window", [4, 5, 6])
+def test_preempted_and_looked_up_again(window):
+    both(40, window, 0, [("add", "a", P, [1, 2, 3, 4, 5, 6, 7], 64), *decode("a", 3), ("preempt", "a"), *decode("a", 2),
+                         ("add", "b", P + [1, 2, 3], [8, 9, 10], 64), ("preempt", "b"), ("step", "b", 1), ("free", "b"), ("free", "a"),
+                         ("add", "a", P, [1, 2], 64), ("free", "a")])  # the same id again, after it was freed
+
+
+@pytest.mark.parametrize("window", [5, 6])
+def test_two_requests_computing_the_same_blocks(window):
+    """b arrives while a is in its prefill: both compute (and cache) the blocks a had not reached."""
+    both(40, window, 0, [("add", "a", P, [1, 2], 4), ("add", "b", P, [3, 4], 4), ("step", "a", 4), ("step", "b", 4),
+                         ("step", "a", 4), ("step", "b", 4), ("step", "a", 6), ("step", "b", 6), ("step", "a", 1),
+                         ("free", "a"), ("add", "c", P, [5], 64), ("step", "b", 1), ("free", "b"), ("free", "c"),
+                         ("add", "d", P, [6], 64), ("free", "d")])
+
+
+@pytest.mark.parametrize("num_blocks", [42, 43, 44, 45, 50, 51])
+def test_the_sliding_cap_at_admission(num_blocks):
+    """A 100-token prompt, window 5: the full group needs 25 blocks, the sliding one at most its
+    cap cdiv(min(4 + 64, 256), 4) + 1 = 18 (not 25): admitted from 43 free blocks on."""
+    long = list(range(600, 700))
+    both(num_blocks + 1, 5, 0, [("add", "a", long, [1, 2, 3], 32), ("step", "a", 32), ("step", "a", 32), ("step", "a", 4),
+                                *decode("a", 2)])
+
+
+@pytest.mark.parametrize("num_blocks", range(9, 17))
+def test_a_tight_pool_with_cached_hits(num_blocks):
+    """b's hits are a's freed, cached (evictable) blocks: counted as blocks to allocate."""
+    both(num_blocks, 5, 0, [("add", "a", P, [1, 2], 64), ("step", "a", 1), ("free", "a"),
+                            ("add", "z", list(range(900, 906)), [1], 64),
+                            ("add", "b", P + [1, 2, 3], [4, 5, 6], 64), *decode("b", 2), ("free", "b"),
+                            ("add", "c", P, [7], 64)])
