@@ -26,6 +26,11 @@ pytest.importorskip("vllm.v1.core.kv_cache_manager", reason="vLLM is not install
 BS, MML, IN_FLIGHT = 4, 256, 64
 
 
+def windows(window) -> tuple:
+    """One sliding window, or several (one group each)."""
+    return window if isinstance(window, tuple) else (window,)
+
+
 class Vllm:
     def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True, bs: int = 4) -> None:
         import torch
@@ -36,8 +41,8 @@ class Vllm:
 
         common = dict(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
         kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], prefix_cache_retention_interval=retention,
-                            kv_cache_groups=[KVCacheGroupSpec(["full.0"], FullAttentionSpec(**common)),
-                                             KVCacheGroupSpec(["sw.0"], SlidingWindowSpec(**common, sliding_window=window))])
+                            kv_cache_groups=[KVCacheGroupSpec(["full.0"], FullAttentionSpec(**common))]
+                            + [KVCacheGroupSpec([f"sw.{k}"], SlidingWindowSpec(**common, sliding_window=w)) for k, w in enumerate(windows(window))])
         self.mgr = KVCacheManager(kvc, MML, bs, bs, max_in_flight_tokens=IN_FLIGHT, enable_caching=caching, enable_kv_cache_events=True)
         init_none_hash(sha256)
         self.hasher = get_request_block_hasher(bs, sha256)
@@ -110,7 +115,7 @@ class Vllm:
 
 class Sim:
     def __init__(self, num_blocks: int, window: int, retention: int | None, caching: bool = True, bs: int = 4) -> None:
-        groups = [KVGroup(LayerKind(FULL), 1), KVGroup(LayerKind(SLIDING, window), 1)]
+        groups = [KVGroup(LayerKind(FULL), 1)] + [KVGroup(LayerKind(SLIDING, w), 1) for w in windows(window)]
         self.bs = bs
         self.policy = HybridVllmPrefixCaching(groups, num_blocks, bs, enable_caching=caching, max_model_len=MML,
                                               max_in_flight_tokens=IN_FLIGHT, retention=retention)
@@ -310,3 +315,12 @@ def test_a_tight_pool_with_cached_hits(num_blocks):
                             ("add", "z", list(range(900, 906)), [1], 64),
                             ("add", "b", P + [1, 2, 3], [4, 5, 6], 64), *decode("b", 2), ("free", "b"),
                             ("add", "c", P, [7], 64)])
+
+
+@pytest.mark.parametrize("window", [(5, 9), (9, 5), (4, 6), (6, 10)])
+def test_two_sliding_windows(window):
+    """Three groups: full attention and two windows. The hit is found by the fixed point over
+    the groups (kv_cache_coordinator.py find_longest_cache_hit), not in one pass."""
+    both(60, window, 0, sequential())
+    both(60, window, 0, [("add", "a", P, [1, 2, 3, 4, 5, 6, 7, 8], 64), *decode("a", 4),
+                         ("add", "b", P + [1, 2, 3], [9, 9], 64), ("step", "b", 1), ("preempt", "a"), ("free", "b"), ("free", "a")])
