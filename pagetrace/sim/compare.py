@@ -78,7 +78,9 @@ def predicted_items(result, trace, block_size: int, mode: str) -> list[Item]:
                 ks = trace.given_hashes[rid]
             else:
                 tokens = req.token_slice(0, req.prompt_len + len(req.output))
-                salt = None if rid in trace.lora else req.cache_salt
+                salt = req.cache_salt
+                if rid in trace.lora:  # read_trace keys a LoRA request "<salt>\x00lora:<name>": the salt is before it
+                    salt = salt.rpartition("\x00lora:")[0] or None
                 if mode == "hash":
                     ks = block_hashes(tokens, block_size, salt, seed)
                 else:

@@ -124,7 +124,7 @@ def decode_event(raw) -> BlockStored | BlockRemoved | AllBlocksCleared:
         values = dict(zip(names or (), raw[1:]))
     else:
         raise EventError(f"an event must be a map tagged 'type' or an array starting with its type, not {type(raw).__name__}")
-    if tag not in FIELDS:
+    if not isinstance(tag, str) or tag not in FIELDS:  # (a list or map tag is unhashable: no `in` on it)
         raise EventError(f"unknown event type {tag!r} (this reader knows {', '.join(FIELDS)})")
     missing = [n for n in FIELDS[tag][: REQUIRED[tag]] if n not in values]
     if missing:
@@ -228,7 +228,9 @@ def encode_record(frames: list[bytes], received: float) -> bytes:
 
 def check_magic(data: bytes, source: str) -> None:
     if not data.startswith(FILE_MAGIC):
-        head = data[: len(FILE_MAGIC)]
+        head = data[:64].split(b"\n", 1)[0]  # the first line, whole: "pagetrace-kv-events 100" is version 100
+        if head == FILE_MAGIC.strip():
+            raise EventError(f"{source}: the file ends inside its first line ({head.decode()!r}): truncated")
         if head.startswith(b"pagetrace-kv-events "):
             raise EventError(f"{source}: a KV events file of another version ({head.strip().decode(errors='replace')}); "
                              f"this pagetrace reads {FILE_MAGIC.strip().decode()}: upgrade pagetrace")

@@ -139,8 +139,8 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     JSON object per line: `prompt` (token ids), `prompt_len` with `block_hashes` (a
     hashes-only trace) or with an optional `shared_prefix` (that many leading tokens common
     to all requests), `output_len` (or `output`: token ids; `outputs`: one list per sample),
-    `max_tokens`, `arrival` (step, default 0), `time` (seconds), `n` (default 1), `cache_salt`,
-    `lora_name`, `priority`, `id`."""
+    `max_tokens`, `output_lens` (one length per sample, without `outputs`), `arrival` (step,
+    default 0), `time` (seconds), `n` (default 1), `cache_salt`, `lora_name`, `priority`, `id`."""
     out: list[SimRequest] = []
     order: dict[str, int] = {}  # within a step: `seq` (the order a server hook saw them in) or file order
     ids: set[str] = set()
@@ -214,6 +214,10 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
             olen = _field(obj, "max_tokens", line_no, int, minimum=1)
         if olen is None and outputs is None:
             raise UsageError("--trace", raw[:40], f"trace line {line_no} needs 'output_len' or 'output'")
+        olens = obj.get("output_lens")  # a private trace's samples of several lengths (trace.py TraceWriter.line)
+        if olens is not None and (not isinstance(olens, list) or len(olens) != n
+                                  or not all(type(x) is int and x >= 1 for x in olens)):
+            raise UsageError("--trace", str(olens)[:40], f"trace line {line_no}, field 'output_lens' must hold one positive integer per sample (n={n})")
         arrival = _field(obj, "arrival", line_no, int, 0, minimum=0)
         seq = _field(obj, "seq", line_no, int, line_no, minimum=0)
         t = obj.get("time")
@@ -234,14 +238,14 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
             p = prompt
             if hashes_only:
                 own = hashes[k if len(hashes) > 1 else 0]
-                length = plen + (len(sample) if sample is not None else olen)
+                length = plen + (len(sample) if sample is not None else olens[k] if olens else olen)
                 tokens = _surrogate(own, length, block_size, base + k * (UNIQUE_STRIDE // 64))
                 p, sample = tokens[:plen], tokens[plen:]
                 given[sid] = own
                 key = None  # the salt is inside the hashes
             elif sample is None:
                 start = base + UNIQUE_STRIDE // 2 + k * (UNIQUE_STRIDE // 64)
-                sample = range(start, start + olen)
+                sample = range(start, start + (olens[k] if olens else olen))
             if name:
                 lora[sid] = name
             if prio:
