@@ -1,0 +1,149 @@
+"""The simulator's core (scheduler, block manager, cruising, request hashes) on workloads small
+enough to count by hand, each at a boundary a user's run hits: exactly `max_num_seqs` running,
+a decode step that needs exactly the free blocks, a preempted request re-admitted on its own
+cached block, a multi-turn prompt that re-reads the blocks its first turn filled while decoding.
+
+Every expectation is counted in the docstring or comment beside it, from vLLM's rules
+(vllm/v1/core/sched/scheduler.py, kv_cache_manager.py, block_pool.py), not from the code.
+Block size 4 throughout; `num_blocks` includes the null block 0, so `n` blocks give `n - 1`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pagetrace.sim.request import SimRequest
+from pagetrace.sim.run import simulate
+from pagetrace.sim.scheduler import SchedulerConfig
+
+FIELDS = ("scheduled", "tokens", "allocated", "hit_tokens", "evicted", "preempted", "admitted", "finished",
+          "free_blocks", "used_blocks", "waiting", "running", "empty_slots")
+
+
+def table(result):
+    return [tuple(getattr(s, f) for f in FIELDS) for s in result.steps]
+
+
+def ids(start, n):
+    return list(range(start, start + n))
+
+
+@pytest.fixture(params=[True, False], ids=["cruise", "explicit"])
+def cruise(request, monkeypatch):
+    """Both of the scheduler's paths: cruising (the default) and every request every step."""
+    if not request.param:
+        from pagetrace.sim import scheduler as sched_mod
+
+        step = sched_mod.Scheduler.step
+
+        def slow_step(self):
+            self.cruise = False
+            return step(self)
+
+        monkeypatch.setattr(sched_mod.Scheduler, "step", slow_step)
+    return request.param
+
+
+def test_exactly_max_num_seqs_run_and_the_next_waits_for_a_finish(cruise):
+    """max_num_seqs 2, three 4-token prompts with 2 output tokens at step 0, 15 usable blocks.
+    Step 0 admits a and b (one block each); c waits although blocks and budget are left.
+    Step 1: a and b decode token 4 (a new block each) and finish, but admission comes before
+    update_from_output frees them, so c still waits. Step 2 admits c; it finishes at step 3.
+    Empty slots: step 1 holds 2 blocks a request (8 slots) for 5 tokens, but both finish."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2]), SimRequest("b", ids(10, 4), [1, 2]), SimRequest("c", ids(20, 4), [1, 2])]
+    result = simulate(reqs, 16, 4, SchedulerConfig(max_num_seqs=2))
+    assert table(result) == [
+        (2, 8, 2, 0, 0, [], ["a", "b"], [], 13, 2, 1, 2, 0),
+        (2, 2, 2, 0, 0, [], [], ["a", "b"], 15, 0, 1, 0, 0),
+        (1, 4, 1, 0, 0, [], ["c"], [], 14, 1, 0, 1, 0),
+        (1, 1, 1, 0, 0, [], [], ["c"], 15, 0, 0, 0, 0),
+    ]
+
+
+def test_a_decode_step_needing_exactly_the_free_blocks_preempts_no_one(cruise):
+    """5 blocks (4 usable). a and b: 4-token prompts, 3 output tokens. Step 0: one block each,
+    2 free. Step 1: both decode token 4, which starts a block: exactly the 2 free blocks,
+    nobody preempted. Step 2: token 5 fits; both finish (3 tokens sampled), 4 free again.
+    Empty slots after step 1: 2 x (8 slots - 5 tokens)."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2, 3]), SimRequest("b", ids(10, 4), [1, 2, 3])]
+    result = simulate(reqs, 5, 4)
+    assert table(result) == [
+        (2, 8, 2, 0, 0, [], ["a", "b"], [], 2, 2, 0, 2, 0),
+        (2, 2, 2, 0, 0, [], [], [], 0, 4, 0, 2, 6),
+        (2, 2, 0, 0, 0, [], [], ["a", "b"], 4, 0, 0, 0, 0),
+    ]
+    assert result.num_preemptions == 0
+
+
+def test_one_block_short_the_last_is_preempted_and_readmitted_on_its_own_cached_block(cruise):
+    """The same two requests with 4 blocks (3 usable): one free after step 0.
+    Step 1: a's token 4 takes the last free block; b's needs one, none is free: b, the last
+    running, is preempted, and being the request itself ends the running loop (no admission
+    in a step that preempted). Its block (its full 4-token prompt, cached) goes to the back.
+    Step 2: a decodes token 5 and finishes. b is looked up first (admission precedes the frees):
+    5 tokens (prompt + 1 generated), at most 4 can hit: its own block 2, free, hits.
+    `scheduler_reserve_full_isl`: 2 blocks for 5 tokens, the hit counts (it leaves the free
+    queue), 2 > 1 free: b waits. a frees 3 (uncached, to the front) and 1 (cached, back).
+    Step 3: b re-admitted on the hit, 1 token computed (its token 4), 1 new block: block 3,
+    the head, never cached (no eviction). Its hit counts as a preempted request's
+    (vLLM's preempted_queries 5, preempted_hits 4), not in the step's hit_tokens.
+    Step 4: token 5 fits in block 3; b finishes."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2, 3]), SimRequest("b", ids(10, 4), [1, 2, 3])]
+    result = simulate(reqs, 4, 4, tables_at=[3])
+    assert table(result) == [
+        (2, 8, 2, 0, 0, [], ["a", "b"], [], 1, 2, 0, 2, 0),
+        (1, 1, 1, 0, 0, ["b"], [], [], 1, 2, 1, 1, 3),
+        (1, 1, 0, 0, 0, [], [], ["a"], 3, 0, 1, 0, 0),
+        (1, 1, 1, 0, 0, [], ["b"], [], 1, 2, 0, 1, 3),
+        (1, 1, 0, 0, 0, [], [], ["b"], 3, 0, 0, 0, 0),
+    ]
+    a, b = result.requests
+    assert result.tables_at[3] == {"b": [2, 3]}
+    assert (b.num_preemptions, b.num_cached_tokens, b.recomputed_hit_tokens, b.first_scheduled, b.finished_step) == (1, 0, 4, 0, 4)
+    assert (result.num_preemptions, result.preempted_queries, result.preempted_hits) == (1, 5, 4)
+    assert (a.num_preemptions, a.recomputed_hit_tokens, a.finished_step) == (0, 0, 2)
+
+
+def test_a_running_prefill_gets_the_budgets_last_token():
+    """Budget 3: a and b (1-token prompts, 4 outputs) and c (a 5-token prompt, 1 output) at
+    step 0. Step 0: a 1, b 1, c a 1-token chunk. Steps 1-3: a and b decode one token each
+    and c, last in the running list, gets the one token left: its prompt advances a token
+    a step. a and b sample their 4th token at step 3 and finish; c's 5th prompt token is
+    computed at step 4, where it samples its only output token and finishes."""
+    reqs = [SimRequest("a", [7], [1, 2, 3, 4]), SimRequest("b", [8], [1, 2, 3, 4]), SimRequest("c", ids(20, 5), [1])]
+    result = simulate(reqs, 16, 4, SchedulerConfig(max_num_batched_tokens=3))
+    assert [(s.scheduled, s.tokens, s.finished) for s in result.steps] == [
+        (3, 3, []), (3, 3, []), (3, 3, []), (3, 3, ["a", "b"]), (1, 1, ["c"])]
+    assert [r.finished_step for r in result.requests] == [3, 3, 4]
+
+
+def test_a_second_turn_rereads_the_blocks_its_first_turn_filled_while_decoding(cruise):
+    """Multi-turn: a's 4-token prompt, then 10 output tokens given as a range (as the synthetic
+    workloads give them: the decode fast path hashes such a block in place). a stores 4 + 9
+    tokens: block 0 (the prompt) is cached at step 0, blocks 1 and 2 (outputs 0-3 and 4-7)
+    fill while decoding, at steps 4 and 8; a finishes at step 9. The second turn, at step 12,
+    sends the prompt and the first 9 outputs: 13 tokens, of which at most 12 can hit:
+    all 3 blocks, the last token recomputed."""
+    a = SimRequest("a", ids(0, 4), range(100, 110))
+    b = SimRequest("b", ids(0, 4) + ids(100, 9), [1], arrival=12)
+    result = simulate([a, b], 16, 4)
+    assert a.finished_step == 9 and b.first_scheduled == 12
+    assert b.num_cached_tokens == 12 and b.why["hit"] == 12 and b.why["partial block"] == 1
+    assert result.steps[-1].tokens == 1
+
+
+def test_a_salted_first_turn_is_a_different_extra_key_to_other_salts(cruise):
+    """The same first turn under cache salt "s": every block it fills while decoding is cached
+    under the salt. A second turn with salt "s" hits all 12 tokens; with salt "t", or no salt,
+    it hits nothing, and its 12 lookup tokens are "different extra key" (the same tokens after
+    the same prefix were cached under another salt), the 13th "partial block"."""
+    turn2 = ids(0, 4) + ids(100, 9)
+    for salt in ("s", "t", None):  # one run each: a second turn's own blocks would count for the next
+        a = SimRequest("a", ids(0, 4), range(100, 110), cache_salt="s")
+        second = SimRequest("second", turn2, [1], arrival=12, cache_salt=salt)
+        simulate([a, second], 16, 4)
+        if salt == "s":
+            assert second.num_cached_tokens == 12 and second.why["hit"] == 12
+        else:
+            assert second.num_cached_tokens == 0
+            assert second.why == {"hit": 0, "partial block": 1, "evicted": 0, "different extra key": 12, "first seen": 0}, salt
