@@ -117,17 +117,19 @@ def test_a_running_prefill_gets_the_budgets_last_token():
     assert [r.finished_step for r in result.requests] == [3, 3, 4]
 
 
-def test_a_second_turn_rereads_the_blocks_its_first_turn_filled_while_decoding(cruise):
+@pytest.mark.parametrize("outputs", [10, 9])
+def test_a_second_turn_rereads_the_blocks_its_first_turn_filled_while_decoding(cruise, outputs):
     """Multi-turn: a's 4-token prompt, then 10 output tokens given as a range (as the synthetic
     workloads give them: the decode fast path hashes such a block in place). a stores 4 + 9
     tokens: block 0 (the prompt) is cached at step 0, blocks 1 and 2 (outputs 0-3 and 4-7)
-    fill while decoding, at steps 4 and 8; a finishes at step 9. The second turn, at step 12,
-    sends the prompt and the first 9 outputs: 13 tokens, of which at most 12 can hit:
-    all 3 blocks, the last token recomputed."""
-    a = SimRequest("a", ids(0, 4), range(100, 110))
-    b = SimRequest("b", ids(0, 4) + ids(100, 9), [1], arrival=12)
+    fill while decoding, at steps 4 and 8 (token k is computed at step k - 3); a finishes at
+    step 9. With 9 outputs a stores 12 tokens and fills block 2 in its last step, 8. The second
+    turn, at step 12, sends the prompt, the first 8 outputs and one more token: 13 tokens, of
+    which at most 12 can hit: all 3 blocks, the last token recomputed."""
+    a = SimRequest("a", ids(0, 4), range(100, 100 + outputs))
+    b = SimRequest("b", ids(0, 4) + ids(100, 8) + [7], [1], arrival=12)
     result = simulate([a, b], 16, 4)
-    assert a.finished_step == 9 and b.first_scheduled == 12
+    assert a.finished_step == outputs - 1 and b.first_scheduled == 12
     assert b.num_cached_tokens == 12 and b.why["hit"] == 12 and b.why["partial block"] == 1
     assert result.steps[-1].tokens == 1
 
@@ -147,3 +149,28 @@ def test_a_salted_first_turn_is_a_different_extra_key_to_other_salts(cruise):
         else:
             assert second.num_cached_tokens == 0
             assert second.why == {"hit": 0, "partial block": 1, "evicted": 0, "different extra key": 12, "first seen": 0}, salt
+
+
+def test_a_two_token_prefill_chunk_inside_its_last_block_computes_both(cruise):
+    """A 7-token prompt, budget 5: step 0 computes 5 (2 blocks, 8 slots), step 1 the last 2,
+    both inside block 2 and filling nothing; the request samples its one output token then."""
+    r = SimRequest("r", ids(0, 7), [1])
+    result = simulate([r], 16, 4, SchedulerConfig(max_num_batched_tokens=5))
+    assert [(s.tokens, s.allocated, s.finished) for s in result.steps] == [(5, 2, []), (2, 0, ["r"])]
+
+
+def test_a_decode_that_starts_a_block_in_its_last_step_takes_it(cruise):
+    """A 4-token prompt and 6 outputs: it stores 4 + 5 tokens. Token 4 (step 1) starts block 2,
+    token 8 (step 5, its last: it samples its 6th output there) starts block 3, which is
+    allocated before the request finishes and frees everything. Empty slots: the held slots
+    less the computed tokens (8 - 5 at step 1, down to 0 at step 4)."""
+    r = SimRequest("r", ids(0, 4), range(100, 106))
+    result = simulate([r], 16, 4)
+    assert table(result) == [
+        (1, 4, 1, 0, 0, [], ["r"], [], 14, 1, 0, 1, 0),
+        (1, 1, 1, 0, 0, [], [], [], 13, 2, 0, 1, 3),
+        (1, 1, 0, 0, 0, [], [], [], 13, 2, 0, 1, 2),
+        (1, 1, 0, 0, 0, [], [], [], 13, 2, 0, 1, 1),
+        (1, 1, 0, 0, 0, [], [], [], 13, 2, 0, 1, 0),
+        (1, 1, 1, 0, 0, [], [], ["r"], 15, 0, 0, 0, 0),
+    ]
