@@ -174,3 +174,46 @@ def test_a_decode_that_starts_a_block_in_its_last_step_takes_it(cruise):
         (1, 1, 0, 0, 0, [], [], [], 13, 2, 0, 1, 0),
         (1, 1, 1, 0, 0, [], [], ["r"], 15, 0, 0, 0, 0),
     ]
+
+
+def test_kv_events_by_hand():
+    """vLLM's KV events (block_pool.py: one BlockStored per `cache_full_blocks` call, from the
+    request's first newly full block; one BlockRemoved per hash dropped, by the allocation that
+    dropped it). a's 8-token prompt at once stores both blocks in one event from index 0.
+    In chunks of 4 (budget 4), 3 blocks (2 usable): steps 0 and 1 store a's blocks from index 0
+    and 1; a finishes and frees them tail first, both cached: the queue is 2, 1. c (8 other
+    tokens) at step 2 takes block 2: a's second hash is removed, by c's allocation, then c's
+    first block stored; step 3 takes block 1 (a's first hash) and stores c's block 1."""
+    from pagetrace.sim.request import block_key, hash_block
+
+    a0 = hash_block(None, block_key(tuple(ids(0, 4))), None)
+    a1 = hash_block(a0, block_key(tuple(ids(4, 4))), None)
+    c0 = hash_block(None, block_key(tuple(ids(50, 4))), None)
+    c1 = hash_block(c0, block_key(tuple(ids(54, 4))), None)
+    result = simulate([SimRequest("a", ids(0, 8), [1])], 3, 4, record_events=True)
+    assert result.events == [(0, [("stored", "a", 0, [a0, a1])])]
+    reqs = [SimRequest("a", ids(0, 8), [1]), SimRequest("c", ids(50, 8), [1], arrival=2)]
+    result = simulate(reqs, 3, 4, SchedulerConfig(max_num_batched_tokens=4), record_events=True)
+    assert result.events == [
+        (0, [("stored", "a", 0, [a0])]),
+        (1, [("stored", "a", 1, [a1])]),
+        (2, [("removed", a1, "c"), ("stored", "c", 0, [c0])]),
+        (3, [("removed", a0, "c"), ("stored", "c", 1, [c1])]),
+    ]
+
+
+def test_freeing_a_request_the_pool_refused_changes_nothing():
+    """A prompt refused for want of blocks holds none; freeing it (vLLM's `free` pops the
+    request's blocks with a default: single_type_kv_cache_manager.py) leaves the pool as it was."""
+    from pagetrace.sim.policy import VllmPrefixCaching
+
+    policy = VllmPrefixCaching(num_blocks=3, block_size=4)
+    held = SimRequest("held", ids(0, 8), [1])
+    assert policy.allocate_slots(held, 8) == [1, 2]
+    refused = SimRequest("refused", ids(50, 4), [1])
+    assert policy.allocate_slots(refused, 4) is None
+    policy.free(refused)
+    policy.free(SimRequest("never", [1], [1]))
+    assert policy.pool.num_free == 0 and policy.block_ids("held") == [1, 2] and policy.pool.ref_cnt[1:] == [1, 1]
+    policy.free(held)
+    assert policy.pool.queue.order() == [2, 1] and policy.block_ids("held") == [] and "held" not in policy.num_cached_block
