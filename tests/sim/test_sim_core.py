@@ -102,6 +102,11 @@ def test_one_block_short_the_last_is_preempted_and_readmitted_on_its_own_cached_
     assert (b.num_preemptions, b.num_cached_tokens, b.recomputed_hit_tokens, b.first_scheduled, b.finished_step) == (1, 0, 4, 0, 4)
     assert (result.num_preemptions, result.preempted_queries, result.preempted_hits) == (1, 5, 4)
     assert (a.num_preemptions, a.recomputed_hit_tokens, a.finished_step) == (0, 0, 2)
+    # the causes are counted at first admission only: each 4-token prompt is one whole block,
+    # whose last token is never looked up, so all 4 are "partial block"; b's re-admission adds none
+    first = {"hit": 0, "partial block": 4, "evicted": 0, "different extra key": 0, "first seen": 0}
+    assert a.why == first and b.why == first
+    assert result.causes == {"hit": 0, "partial block": 8, "evicted": 0, "different extra key": 0, "first seen": 0}
 
 
 def test_a_running_prefill_gets_the_budgets_last_token():
