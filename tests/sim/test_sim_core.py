@@ -222,3 +222,34 @@ def test_freeing_a_request_the_pool_refused_changes_nothing():
     assert policy.pool.num_free == 0 and policy.block_ids("held") == [1, 2] and policy.pool.ref_cnt[1:] == [1, 1]
     policy.free(held)
     assert policy.pool.queue.order() == [2, 1] and policy.block_ids("held") == [] and "held" not in policy.num_cached_block
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_a_chunked_prompt_waits_until_its_whole_prompt_fits(reserve):
+    """4 blocks (3 usable), budget 4. a (4 tokens, 2 outputs) runs alone at step 0; at step 1
+    its token 4 takes a second block, 1 free, 3 of budget left. b's 9-token prompt would
+    run a 3-token chunk in the free block, but `scheduler_reserve_full_isl` (on by default)
+    wants its 3 blocks now: b waits for a's blocks (freed at step 1) and starts at step 2
+    (4 tokens), then 4, then its last 1 at step 4. Without it b starts at step 1 (3 tokens),
+    then 4 and 2, finishing at step 3."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2]), SimRequest("b", ids(50, 9), [1])]
+    result = simulate(reqs, 4, 4, SchedulerConfig(max_num_batched_tokens=4, reserve_full_isl=reserve))
+    b = reqs[1]
+    if reserve:
+        assert (b.first_scheduled, b.finished_step) == (2, 4)
+        assert [s.tokens for s in result.steps] == [4, 1, 4, 4, 1]
+    else:
+        assert (b.first_scheduled, b.finished_step) == (1, 3)
+        assert [s.tokens for s in result.steps] == [4, 4, 4, 2]
+
+
+def test_two_preemptions_add_up():
+    """The preemption above twice over: a second pair (other tokens) arrives at step 10, once
+    the first has finished, and goes the same way. vLLM's preempted-request counters sum:
+    two re-admissions of 5 tokens each, 4 of them hits each."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2, 3]), SimRequest("b", ids(10, 4), [1, 2, 3]),
+            SimRequest("c", ids(20, 4), [1, 2, 3], arrival=10), SimRequest("d", ids(30, 4), [1, 2, 3], arrival=10)]
+    result = simulate(reqs, 4, 4)
+    assert [s.preempted for s in result.steps if s.preempted] == [["b"], ["d"]]
+    assert (result.num_preemptions, result.preempted_queries, result.preempted_hits) == (2, 10, 8)
+    assert [r.recomputed_hit_tokens for r in reqs] == [0, 4, 0, 4]
