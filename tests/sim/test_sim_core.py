@@ -253,3 +253,19 @@ def test_two_preemptions_add_up():
     assert [s.preempted for s in result.steps if s.preempted] == [["b"], ["d"]]
     assert (result.num_preemptions, result.preempted_queries, result.preempted_hits) == (2, 10, 8)
     assert [r.recomputed_hit_tokens for r in reqs] == [0, 4, 0, 4]
+
+
+def test_a_preempted_request_recomputed_in_chunks_samples_only_at_the_end():
+    """Caching off, 4 blocks (3 usable), budget 4. a: 4-token prompt, 6 outputs; b (4 tokens,
+    3 outputs) arrives at step 1. Step 0: a prefills. Step 1: a's token 4 takes a block, b
+    runs a 3-token chunk in the last free one. Step 2: b's 4th token, b samples one. Step 3:
+    b's token 4 needs a block, none is free: b, last, is preempted. Steps 4-5: b (5 tokens
+    now, 2 blocks with reserve_full_isl) waits while a's token 8 takes the freed block; a
+    samples its 6th token at step 5 and frees 3 blocks. Step 6: b recomputes 4 of its 5
+    tokens and samples nothing (its generated token is not recomputed yet); step 7 its 5th,
+    then it samples; step 8 its last, and it finishes."""
+    reqs = [SimRequest("a", ids(0, 4), [1, 2, 3, 4, 5, 6]), SimRequest("b", ids(10, 4), [1, 2, 3], arrival=1)]
+    result = simulate(reqs, 4, 4, SchedulerConfig(max_num_batched_tokens=4), enable_caching=False)
+    assert [(s.tokens, s.preempted, s.admitted, s.finished) for s in result.steps] == [
+        (4, [], ["a"], []), (4, [], ["b"], []), (2, [], [], []), (1, ["b"], [], []), (1, [], [], []),
+        (1, [], [], ["a"]), (4, [], ["b"], []), (1, [], [], []), (1, [], [], ["b"])]
