@@ -269,3 +269,14 @@ def test_a_preempted_request_recomputed_in_chunks_samples_only_at_the_end():
     assert [(s.tokens, s.preempted, s.admitted, s.finished) for s in result.steps] == [
         (4, [], ["a"], []), (4, [], ["b"], []), (2, [], [], []), (1, ["b"], [], []), (1, [], [], []),
         (1, [], [], ["a"]), (4, [], ["b"], []), (1, [], [], []), (1, [], [], ["b"])]
+
+
+def test_a_prompt_chunked_into_a_decoding_step_continues_its_prefill_next_step(cruise):
+    """Budget 4. a (4-token prompt, 10 outputs) decodes alone from step 1. b (5-token prompt,
+    1 output) arrives at step 3: a's decode leaves 3 tokens, so b runs a 3-token chunk; at
+    step 4 a decodes and b computes its last 2 prompt tokens (3 tokens in the step), samples
+    and finishes. a samples its 10th token at step 9."""
+    reqs = [SimRequest("a", ids(0, 4), range(100, 110)), SimRequest("b", ids(50, 5), [1], arrival=3)]
+    result = simulate(reqs, 16, 4, SchedulerConfig(max_num_batched_tokens=4))
+    assert [s.tokens for s in result.steps] == [4, 1, 1, 4, 3, 1, 1, 1, 1, 1]
+    assert [r.finished_step for r in reqs] == [9, 4]
