@@ -280,3 +280,20 @@ def test_a_prompt_chunked_into_a_decoding_step_continues_its_prefill_next_step(c
     result = simulate(reqs, 16, 4, SchedulerConfig(max_num_batched_tokens=4))
     assert [s.tokens for s in result.steps] == [4, 1, 1, 4, 3, 1, 1, 1, 1, 1]
     assert [r.finished_step for r in reqs] == [9, 4]
+
+
+def test_two_identical_requests_in_step_fill_one_hash_on_two_blocks(cruise):
+    """Two identical requests at step 0 (4-token prompt, 6 outputs as a range): a takes block
+    1, a2 block 2 (a's block is cached in the same step, but a 4-token prompt looks up no
+    block). Step 1: blocks 3 and 4; step 4 fills both, with one hash: vLLM keeps both blocks
+    under it (no de-duplication). Step 5: blocks 5 and 6, then both finish, a first: the
+    uncached last blocks to the front, the cached ones to the back, tail first."""
+    from pagetrace.sim.request import hash_block
+
+    reqs = [SimRequest("a", ids(0, 4), range(100, 106)), SimRequest("a2", ids(0, 4), range(100, 106))]
+    result = simulate(reqs, 16, 4)
+    pool = result.policy.pool
+    h0 = hash_block(None, range(0, 4), None)
+    h1 = hash_block(h0, range(100, 104), None)
+    assert pool.cached_items() == [(h0, [1, 2]), (h1, [3, 4])]
+    assert pool.queue.order() == [6, 5, *range(7, 16), 3, 1, 4, 2]
