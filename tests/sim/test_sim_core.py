@@ -297,3 +297,11 @@ def test_two_identical_requests_in_step_fill_one_hash_on_two_blocks(cruise):
     h1 = hash_block(h0, range(100, 104), None)
     assert pool.cached_items() == [(h0, [1, 2]), (h1, [3, 4])]
     assert pool.queue.order() == [6, 5, *range(7, 16), 3, 1, 4, 2]
+
+
+def test_sglang_pages_of_one_token_take_one_page_a_decode_step(cruise):
+    """SGLang's radix cache with pages of 1 token (its default page size), 16 slots (15
+    usable): a 2-token prompt takes 2 pages at step 0, then each decode step 1 page."""
+    r = SimRequest("r", [1, 2], [5, 6, 7, 8, 9])
+    result = simulate([r], 16, 1, policy="sglang")
+    assert [s.free_blocks for s in result.steps[:4]] == [13, 12, 11, 10]
