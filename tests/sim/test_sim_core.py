@@ -305,3 +305,47 @@ def test_sglang_pages_of_one_token_take_one_page_a_decode_step(cruise):
     r = SimRequest("r", [1, 2], [5, 6, 7, 8, 9])
     result = simulate([r], 16, 1, policy="sglang")
     assert [s.free_blocks for s in result.steps[:4]] == [13, 12, 11, 10]
+
+
+def test_a_prompt_filling_no_block_publishes_no_event():
+    """A 3-token prompt (block size 4) fills no block: vLLM's cache_full_blocks returns before
+    publishing anything, so there is no BlockStored; nor when a prefix hit covers every full
+    block and the rest is partial (b hits a's first block, its last 2 tokens fill nothing)."""
+    assert simulate([SimRequest("s", [1, 2, 3], [9])], 3, 4, record_events=True).events == []
+    reqs = [SimRequest("a", ids(0, 5), [9]), SimRequest("b", ids(0, 4) + [70, 71], [9], arrival=1)]
+    events = simulate(reqs, 8, 4, record_events=True).events
+    assert [step for step, _ in events] == [0] and [e[1] for e in events[0][1]] == ["a"]
+
+
+def test_a_running_chunk_under_full_sequence_must_fit_counts_its_own_blocks():
+    """3 free blocks; a 12-token prompt's first chunk (4 tokens) takes block 1. Its next call,
+    6 tokens with `full_sequence_must_fit`: the whole prompt needs 3 blocks, it holds 1, so 2
+    more, exactly the free ones; the chunk (10 tokens) needs the same 2. A 16-token prompt
+    could never fit (4 blocks): its second chunk is refused though the chunk alone would fit;
+    and a running request needing no new block gets none even with the pool empty."""
+    from pagetrace.sim.policy import VllmPrefixCaching
+
+    policy = VllmPrefixCaching(num_blocks=4, block_size=4)
+    req = SimRequest("r", ids(0, 12), [1])
+    assert policy.allocate_slots(req, 4) == [1]
+    req.num_computed = 4
+    assert policy.allocate_slots(req, 6, full_sequence_must_fit=True) == [2, 3]
+    req.num_computed = 10
+    assert policy.pool.num_free == 0
+    assert policy.allocate_slots(req, 2, full_sequence_must_fit=True) == []
+    policy = VllmPrefixCaching(num_blocks=4, block_size=4)
+    long = SimRequest("long", ids(0, 16), [1])
+    assert policy.allocate_slots(long, 4) == [1]
+    long.num_computed = 4
+    assert policy.allocate_slots(long, 4, full_sequence_must_fit=True) is None
+    assert policy.block_ids("long") == [1] and policy.pool.num_free == 2
+
+
+def test_a_block_with_the_first_and_last_ids_of_a_run_is_not_that_run():
+    """Blocks are keyed by their token ids: [1, 9, 9, 4] starts and ends like [1, 2, 3, 4]
+    but is another block, and a prompt made of it hits nothing of the first."""
+    a = SimRequest("a", [1, 2, 3, 4, 5], [1])
+    b = SimRequest("b", [1, 9, 9, 4, 5], [1], arrival=2)
+    c = SimRequest("c", [1, 2, 3, 4, 6], [1], arrival=2)
+    simulate([a, b, c], 8, 4)
+    assert (b.num_cached_tokens, c.num_cached_tokens) == (0, 4)
