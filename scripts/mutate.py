@@ -39,7 +39,7 @@ COPIED = ["pagetrace", "tests", "README.md", "docs", "examples", "pyproject.toml
 NOT_SLOW = "not vllm"
 # groups whose judges include vllm-marked tests that need no engine: the probe's tests call
 # vLLM's CPU cache writer op directly, milliseconds a call
-MARKERS = {"probe": "vllm or not vllm"}
+MARKERS = {"probe": "vllm or not vllm", "vllm-trace": "vllm or not vllm"}
 
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     # group: (files to mutate, pytest arguments selecting the tests that judge them)
@@ -161,6 +161,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/commands/test_cli_layouts.py",
             "-k", "probe or writer",
         ],
+    ),
+    "vllm-trace": (  # the server trace's writer, on vLLM's own Request objects in process (no engine)
+        ["pagetrace/engines/vllm_trace.py"],
+        ["tests/engines/test_vllm_trace.py", "tests/engines/test_vllm_settings.py"],
     ),
     "views": (  # the Rich renderings of lookup, run, simulate and replay
         [

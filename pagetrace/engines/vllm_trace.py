@@ -70,7 +70,6 @@ class SchedulerTrace:
         # O_EXCL: never replaces a file or follows a link made since the server's check
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
         self._append(self.header.to_json())
-        self.path = path
 
     def _append(self, doc: dict) -> None:
         data = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
