@@ -125,6 +125,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/sim/test_sim_core.py",
             "tests/sim/test_sim_whatif.py",
             "tests/sim/test_sim_history.py",
+            "tests/sim/test_sim_explain.py",
             # 18 s of the group's 28 s, paid by every surviving mutant; the digests' other 15
             # workloads, both paths, stay
             "--deselect", "tests/sim/test_sim_digest.py::test_behaviour_unchanged[bench-cruise]",
