@@ -122,8 +122,8 @@ def test_the_pool_stride_doubles_past_twice_keep_counts(steps, stride, counted):
 
 def test_a_pool_of_exactly_exact_pool_blocks_is_counted_and_one_more_is_not():
     assert EXACT_POOL_BLOCKS == 1 << 16
-    run = lambda n: simulate([SimRequest("A", [1, 2, 3], [4, 5])], n, 16, record_history=True).history  # noqa: E731
-    n = EXACT_POOL_BLOCKS - 1  # usable
-    assert run(EXACT_POOL_BLOCKS).pool == {0: (n - 1, 1, 0, 0), 1: (n, 0, 0, 0)}  # its block never full: free again
+    run = lambda num_blocks: simulate([SimRequest("A", [1, 2, 3], [4, 5])], num_blocks, 16, record_history=True).history
+    usable = EXACT_POOL_BLOCKS - 1
+    assert run(EXACT_POOL_BLOCKS).pool == {0: (usable - 1, 1, 0, 0), 1: (usable, 0, 0, 0)}  # its block never full: free again
     h = run(EXACT_POOL_BLOCKS + 1)
     assert h.pool == {} and h.changes == [{"set": [[0, [1]]]}, {"drop": [0]}]
