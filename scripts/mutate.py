@@ -123,6 +123,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "--deselect", "tests/sim/test_sim_events.py::test_live_listen_times_out_and_reads_a_publisher",
             "--deselect", "tests/sim/test_sim_events.py::test_live_events_on_the_command_line",
             "tests/sim/test_sim_core.py",
+            "tests/sim/test_sim_whatif.py",
+            "tests/sim/test_sim_history.py",
+            "tests/sim/test_sim_explain.py",
             # 18 s of the group's 28 s, paid by every surviving mutant; the digests' other 15
             # workloads, both paths, stay
             "--deselect", "tests/sim/test_sim_digest.py::test_behaviour_unchanged[bench-cruise]",
