@@ -368,13 +368,18 @@ def bundle(tmp_path, tensors=None, d=None):
     return folder, read_manifest(folder)
 
 
-def step_refusal(tmp_path, **over) -> str:
-    folder, m = bundle(tmp_path, index_tensors(**over))
+def read_refusal(file, read, *args) -> str:
+    """What `read(*args)` refuses, after the "malformed bundle: FILE: " every refusal starts with."""
     with pytest.raises(BundleError) as caught:
-        read_step(folder, m, 3)
-    prefix = f"malformed bundle: {folder / 'step-0003.safetensors'}: "
+        read(*args)
+    prefix = f"malformed bundle: {file}: "
     assert str(caught.value).startswith(prefix), str(caught.value)
     return str(caught.value)[len(prefix):]
+
+
+def step_refusal(tmp_path, **over) -> str:
+    folder, m = bundle(tmp_path, index_tensors(**over))
+    return read_refusal(folder / "step-0003.safetensors", read_step, folder, m, 3)
 
 
 def test_a_step_file_is_read_back_entry_by_entry(tmp_path):
@@ -478,11 +483,7 @@ def layer_bundle(tmp_path, layout="vllm-cpu", **floats):
 
 def layer_refusal(tmp_path, layout="vllm-cpu", **floats) -> str:
     m, s = layer_bundle(tmp_path, layout, **floats)
-    with pytest.raises(BundleError) as caught:
-        read_layer(m, s, 1)
-    prefix = f"malformed bundle: {s.file}: "
-    assert str(caught.value).startswith(prefix), str(caught.value)
-    return str(caught.value)[len(prefix):]
+    return read_refusal(s.file, read_layer, m, s, 1)
 
 
 def test_a_layers_tensors_are_its_own_without_the_prefix(tmp_path):

@@ -143,7 +143,7 @@ def test_the_strip_at_the_tables_ends_and_without_a_highlight():
                                               ["physical", *"31 4 17 8 22 3 40 1 more 26 5 19 33 2".split()])
 
 
-def test_fitted_keeps_a_columns_min_width_wider_than_its_cells():
+def test_fitted_keeps_a_columns_min_width_wider_than_its_cells_and_never_less():
     t = Table()
     t.add_column("n", min_width=5)
     t.add_column("words")
@@ -157,6 +157,13 @@ def test_fitted_keeps_a_columns_min_width_wider_than_its_cells():
                                     "│       │ gamma    │",
                                     "│       │ delta    │",
                                     "└───────┴──────────┘"]
+    # at 24: 17 columns of content, 5 to "n" and 12 to "words" (which wants 22)
+    assert plain(Fitted(t), 24) == ["┏━━━━━━━┳━━━━━━━━━━━━━━┓",
+                                    "┃ n     ┃ words        ┃",
+                                    "┡━━━━━━━╇━━━━━━━━━━━━━━┩",
+                                    "│ 1     │ alpha beta   │",
+                                    "│       │ gamma delta  │",
+                                    "└───────┴──────────────┘"]
 
 
 def test_weight_bars_at_their_limits():
@@ -303,20 +310,6 @@ def test_explained_ids_stay_whole():
     for width in (80, 50):
         lines = plain(render_explained(requests, docs), width)
         assert any(line.startswith("│ chatcmpl-7f3e2b1c9a │") for line in lines), (width, lines)
-
-
-def test_fitted_never_gives_a_column_less_than_its_min_width():
-    t = Table()
-    t.add_column("n", min_width=5)
-    t.add_column("words")
-    t.add_row("1", "alpha beta gamma delta")
-    # at 24: 17 columns of content, 5 to "n" and 12 to "words" (which wants 22)
-    assert plain(Fitted(t), 24) == ["┏━━━━━━━┳━━━━━━━━━━━━━━┓",
-                                    "┃ n     ┃ words        ┃",
-                                    "┡━━━━━━━╇━━━━━━━━━━━━━━┩",
-                                    "│ 1     │ alpha beta   │",
-                                    "│       │ gamma delta  │",
-                                    "└───────┴──────────────┘"]
 
 
 def test_a_timeline_of_one_row_and_the_metric_without_admissions(capsys, monkeypatch):
