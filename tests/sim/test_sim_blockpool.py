@@ -65,3 +65,15 @@ def test_an_empty_queue_and_asking_for_more_than_is_free():
     with pytest.raises(ValueError, match=r"^cannot get 5 free blocks from the pool$"):
         pool.get_new_blocks(5)
     assert pool.num_free == 4
+
+
+def test_a_fresh_queue_is_linked_at_both_ends():
+    """Block 0 is free and first in a fresh queue (the pool pops it as the null block), so taking
+    it out of the middle, or asking for it, must work before anything else has moved."""
+    q = FreeBlockQueue(3)
+    assert 0 in q and 2 in q and q.order() == [0, 1, 2]
+    q.remove(0)
+    assert q.order() == [1, 2] and 0 not in q and q.num_free == 2
+    q.remove(2)
+    q.append_n([0])
+    assert q.order() == [1, 0] and q.popleft_n(2) == [1, 0] and q.order() == []
