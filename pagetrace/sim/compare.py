@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, EventStream
 from .vllm_hash import HASH_ALGOS, block_hashes, external
+from .workload import salt_of_lora_key
 
 
 @dataclass(slots=True)
@@ -78,9 +79,7 @@ def predicted_items(result, trace, block_size: int, mode: str) -> list[Item]:
                 ks = trace.given_hashes[rid]
             else:
                 tokens = req.token_slice(0, req.prompt_len + len(req.output))
-                salt = req.cache_salt
-                if rid in trace.lora:  # read_trace keys a LoRA request "<salt>\x00lora:<name>": the salt is before it
-                    salt = salt.rpartition("\x00lora:")[0] or None
+                salt = salt_of_lora_key(req.cache_salt) if rid in trace.lora else req.cache_salt
                 if mode == "hash":
                     ks = block_hashes(tokens, block_size, salt, seed)
                 else:

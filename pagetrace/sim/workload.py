@@ -133,6 +133,19 @@ def _hash_list(value, where: str) -> list[int]:
     return value
 
 
+LORA_KEY = "\x00lora:"  # between a LoRA request's salt and its adapter's name in its cache key
+
+
+def lora_key(salt: str | None, name: str) -> str:
+    """The cache key of a LoRA request: its salt (if any) and its adapter, in one string."""
+    return f"{salt or ''}{LORA_KEY}{name}"
+
+
+def salt_of_lora_key(key: str) -> str | None:
+    """The salt `lora_key` was given."""
+    return key.rpartition(LORA_KEY)[0] or None
+
+
 def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     """`source` is the trace's file name, for the error of a trace with no request.
     The first line may be a header (trace.py: format, version, block size, hashing); then one
@@ -231,7 +244,7 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
         key = salt
         if name:  # LoRA is an extra key of every block (kv_cache_utils.py _gen_lora_extra_hash_keys); as the
             # chain carries the first block's keys into every later hash, one key on block 0 is the same equality
-            key = f"{salt or ''}\x00lora:{name}"
+            key = lora_key(salt, name)
         for k in range(n):
             sid = rid if n == 1 else f"{rid}.{k}"
             sample = outputs[k] if outputs is not None else None
