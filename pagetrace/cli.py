@@ -20,21 +20,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from .commands.options import core, exceptions, types
 from .errors import RuntimeFailure, UsageError
 
 
 class PagetraceGroup(TyperGroup):
     """The root command, which reports its own errors (see `main`).
 
-    Every integer and float option gets the ASCII-only parser (`cli_types`), whatever
-    command declares it, so `--token ٣`, `１６`, `1_0` and ` 7` are refused everywhere.
+    Built on Typer's documented ways to extend it (a `TyperGroup` subclass as `cls`, options
+    with `parser=`), never on Click's classes, which Typer 0.29 no longer exposes: the same
+    code runs on every Typer from pyproject's minimum to the newest.
     """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for command in self.commands.values():
-            strict_numbers(command)
 
     # Commands are built when first asked for: turning a function's signature into a click
     # command costs milliseconds per command, and a run needs one (bench/README: start-up).
@@ -50,7 +45,6 @@ class PagetraceGroup(TyperGroup):
             module = importlib.import_module(f".commands.{name}", __package__)  # light: each imports its work when it runs
             info = CommandInfo(name, callback=getattr(module, name), help=module.HELP, epilog=module.EPILOG)
             command = typer.main.get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode)
-            strict_numbers(command)
             self.add_command(command, name)
         return super().get_command(ctx, name)
 
@@ -59,25 +53,13 @@ class PagetraceGroup(TyperGroup):
         a usage error is one line on stderr and exit 2, a failed run one line and exit 1,
         never a traceback. With `standalone_mode=False` errors propagate as exceptions."""
         prog_name = prog_name or "pagetrace"
+        if args is None:
+            args = sys.argv[1:]
+        if not args:  # bare `pagetrace`: the help, on stdout, exit 0 (Click's no_args_is_help differs between versions)
+            args = ["--help"]
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         sys.exit(_exit_code(lambda: super(PagetraceGroup, self).main(args, prog_name, complete_var, standalone_mode=False, **extra)))
-
-
-def strict_numbers(command: core.Command) -> None:
-    """Give every plain int and float option of `command` the ASCII-only parser."""
-    from .commands.options import ASCII_FLOAT, ASCII_INT
-
-    ranged = getattr(types, "_NumberRangeBase", ())
-    for param in command.params:
-        if isinstance(param.type, ranged):
-            continue
-        if isinstance(param.type, types.IntParamType):
-            param.type = ASCII_INT
-        elif isinstance(param.type, types.FloatParamType):
-            param.type = ASCII_FLOAT
-    for sub in getattr(command, "commands", {}).values():  # a command group's own commands
-        strict_numbers(sub)
 
 
 def _version(value: bool) -> None:
@@ -129,7 +111,12 @@ def run_cli(argv: list[str] | None = None) -> int:
     return 0
 
 
-_NO_ARGS_IS_HELP = getattr(exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
+def _is_cli_error(exc: BaseException) -> bool:
+    """A usage error or other error raised by Typer's parser (Click's `ClickException`, which
+    Typer 0.29 carries as its own): each has an exit code and formats its own message. Known
+    by those two public attributes, not by class, so no version of Typer needs importing
+    its internals."""
+    return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
 
 
 def _exit_code(call) -> int:
@@ -142,15 +129,12 @@ def _exit_code(call) -> int:
         return _fail(str(exc), 1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
-    except _NO_ARGS_IS_HELP as exc:  # bare `pagetrace`: the help, on stdout
-        sys.stdout.write(exc.format_message() + "\n")
-        return 0
-    except exceptions.ClickException as exc:
-        message = re.sub(r"'(--?[\w-]+)'", r"\1", " ".join(exc.format_message().split()))  # option names unquoted, as in our own errors
-        return _fail(message[:1].lower() + message[1:], exc.exit_code)
     except typer.Abort:
         return _fail("aborted", 1)
     except Exception as exc:
+        if _is_cli_error(exc):
+            message = re.sub(r"'(--?[\w-]+)'", r"\1", " ".join(exc.format_message().split()))  # option names unquoted, as in our own errors
+            return _fail(message[:1].lower() + message[1:], exc.exit_code)
         if os.environ.get("PAGETRACE_DEBUG"):
             raise
         return _fail(f"internal error: {type(exc).__name__}: {exc} (set PAGETRACE_DEBUG=1 for the traceback)", 1)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from ..errors import UsageError
+from .options import FloatOption, IntOption
 
 HELP = (
     "How many KV blocks, tokens and requests fit: in a KV budget (--memory), or on a device as vLLM sizes it (--gpu-memory: "
@@ -22,18 +23,18 @@ EPILOG = (
 def capacity(
     memory: Annotated[str, typer.Option(help="KV cache budget: bytes, or with a unit (40GiB, 512MiB, 16GB).")] = "16GiB",
     layers: Annotated[str, typer.Option(help="Attention layers: a count (32), or a hybrid model's kinds, full:N,sliding:W:M (as simulate --layers).")] = "32",
-    kv_heads: Annotated[int, typer.Option(help="KV heads per layer (after tensor parallelism, per GPU).")] = 8,
-    head_dim: Annotated[int, typer.Option(help="Elements per key (and per value) vector.")] = 128,
+    kv_heads: Annotated[int, IntOption(help="KV heads per layer (after tensor parallelism, per GPU).")] = 8,
+    head_dim: Annotated[int, IntOption(help="Elements per key (and per value) vector.")] = 128,
     dtype: Annotated[str | None, typer.Option(help="KV cache dtype: fp32, fp16, bf16, fp8. Default: bf16, or the config's.")] = None,
     config: Annotated[str | None, typer.Option(metavar="PATH", help="A Hugging Face config.json: layers, KV heads, head size (and dtype) from it.")] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
-    length: Annotated[int | None, typer.Option(help="Tokens per request (prompt + output): how many such requests fit.")] = None,
+    block_size: Annotated[int, IntOption(help="Tokens per block.")] = 16,
+    length: Annotated[int | None, IntOption(help="Tokens per request (prompt + output): how many such requests fit.")] = None,
     gpu_memory: Annotated[str | None, typer.Option(help="The device's memory (80GB, 23.58GiB): the KV budget is then vLLM's, from the terms below, not --memory.")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's --gpu-memory-utilization: the share of the device vLLM takes.")] = 0.9,
+    gpu_memory_utilization: Annotated[float, FloatOption(help="vLLM's --gpu-memory-utilization: the share of the device vLLM takes.")] = 0.9,
     weights: Annotated[str | None, typer.Option(help="With --gpu-memory: the weights' bytes (default: counted from --config, at the config's dtype).")] = None,
     activation: Annotated[str | None, typer.Option(help="With --gpu-memory: the activation peak vLLM profiles (its log: peak activation memory); default: a rough estimate from --config.")] = None,
     non_torch: Annotated[str, typer.Option(help="With --gpu-memory: memory torch does not allocate (CUDA context, NCCL; vLLM logs it).")] = "0",
-    max_num_batched_tokens: Annotated[int, typer.Option(help="With --gpu-memory and no --activation: the tokens of vLLM's profiling run, for the estimate.")] = 8192,
+    max_num_batched_tokens: Annotated[int, IntOption(help="With --gpu-memory and no --activation: the tokens of vLLM's profiling run, for the estimate.")] = 8192,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
     from ..sim.capacity import ModelDims, dims_of, parse_memory, read_config

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from .options import IntOption
+
 HELP = (
     "Check a captured engine step (a capture bundle): table entries inside the pool and stored, no visible token on the null "
     "block, slot_mapping equal to the block-table arithmetic, seq_lens within capacity, query_start_loc, index "
@@ -18,7 +20,7 @@ SHOWN = 20  # violations printed per step; --json lists them all
 
 def check(
     bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
-    step: Annotated[int | None, typer.Option(help="Check only this step (default: every step in the bundle).")] = None,
+    step: Annotated[int | None, IntOption(help="Check only this step (default: every step in the bundle).")] = None,
     data: Annotated[bool, typer.Option("--data/--no-data", help="Also read the new tokens' K/V back through the layout (loads torch).")] = True,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:

@@ -11,6 +11,7 @@ import typer
 
 from ..paging.blocks import parse_int_list
 from ..views.diagram import MappingView, SequenceMap
+from .options import IntOption
 
 HELP = "Draw the block mapping of one or more sequences: logical blocks, arrows, the physical pool."
 EPILOG = "Example: pagetrace diagram --tokens 38 --table 7,2,15 --token 20 --svg mapping.svg --png mapping.png"
@@ -74,11 +75,11 @@ def diagram(
         list[str] | None,
         typer.Option(help="Block table of one sequence, comma-separated; repeat once per sequence. Default: planned, the first being the worked example's 7,2,15."),
     ] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool. Default: from the plan.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the planned tables' block draw.")] = 0,
-    token: Annotated[int | None, typer.Option(help="Trace this token (of --seq): its block, arrow, physical block and slot.")] = None,
-    seq: Annotated[int, typer.Option(help="The sequence of --token (0-based).")] = 0,
+    block_size: Annotated[int, IntOption(help="Tokens per block.")] = 16,
+    num_blocks: Annotated[int | None, IntOption(help="Physical blocks in the pool. Default: from the plan.")] = None,
+    seed: Annotated[int, IntOption(help="Seed of the planned tables' block draw.")] = 0,
+    token: Annotated[int | None, IntOption(help="Trace this token (of --seq): its block, arrow, physical block and slot.")] = None,
+    seq: Annotated[int, IntOption(help="The sequence of --token (0-based).")] = 0,
     slots: Annotated[bool | None, typer.Option("--slots/--no-slots", help="Draw each block's slots. Default: for small blocks in a small pool.")] = None,
     svg: SvgOption = None,
     png: PngOption = None,

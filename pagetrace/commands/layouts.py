@@ -10,7 +10,7 @@ import typer
 from ..errors import RuntimeFailure, UsageError
 from ..paging.layouts import LAYOUTS, CacheGeometry, check_factors
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption
-from .options import AliasChoice
+from .options import AliasChoice, ChoiceOption, IntOption
 
 HELP = (
     "The cache layouts every command reads: for each, the factors of the key and value buffers in memory order "
@@ -57,9 +57,9 @@ def layouts(
     head_dim: HeadDimOption = 64,
     kv_heads: KvHeadsOption = 2,
     dtype: DtypeOption = "bf16",
-    num_blocks: Annotated[int, typer.Option(help="Blocks in the pool the formulas are printed for.")] = 4,
-    layout: Annotated[list[str] | None, typer.Option(click_type=AliasChoice(LAYOUTS), help="Show only this layout (repeat for more).")] = None,
-    probe: Annotated[list[str] | None, typer.Option(click_type=AliasChoice(CPU_ISAS), help="Probe vLLM's CPU cache writer with this ISA (repeat for more).")] = None,
+    num_blocks: Annotated[int, IntOption(help="Blocks in the pool the formulas are printed for.")] = 4,
+    layout: Annotated[list[str] | None, ChoiceOption(AliasChoice(LAYOUTS), help="Show only this layout (repeat for more).")] = None,
+    probe: Annotated[list[str] | None, ChoiceOption(AliasChoice(CPU_ISAS), help="Probe vLLM's CPU cache writer with this ISA (repeat for more).")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the table as docs/layouts.md's Markdown (no dims) and nothing else.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:

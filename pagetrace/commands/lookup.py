@@ -9,18 +9,18 @@ from ..paging.blocks import capacity, parse_int_list
 from ..paging.lookup import TokenTrace, trace_token
 from ..views.diagram import MappingView, SequenceMap
 from .diagram import DotOption, HtmlOption, PngOption, SvgOption, report_console, save_diagrams, save_page
-from .options import dtype_choice, layout_choice
+from .options import ChoiceOption, IntOption, dtype_choice, layout_choice
 
 HELP = "Trace one token through the block table to the exact element and byte address of its key and value."
 EPILOG = "Example: pagetrace lookup --token 20 --table 7,2,15 --layout vllm --dtype fp16 --head-dim 64"
 
 
 # the cache geometry's options, shared with `where`
-BlockSizeOption = Annotated[int, typer.Option(help="Tokens per block.")]
-HeadDimOption = Annotated[int, typer.Option(help="Elements per key/value vector.")]
-KvHeadsOption = Annotated[int, typer.Option(help="KV heads in the cache.")]
-DtypeOption = Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")]
-LayoutOption = Annotated[str, typer.Option(click_type=layout_choice(), help="Cache layout (any case): an entry of the one table, `pagetrace layouts` shows each; flash*, flashinfer* and vllm-* hold K and V in one buffer, as the engines allocate them.")]
+BlockSizeOption = Annotated[int, IntOption(help="Tokens per block.")]
+HeadDimOption = Annotated[int, IntOption(help="Elements per key/value vector.")]
+KvHeadsOption = Annotated[int, IntOption(help="KV heads in the cache.")]
+DtypeOption = Annotated[str, ChoiceOption(dtype_choice(), help="Cache dtype (any case; aliases float32/float, float16/half, bfloat16, fp8 = fp8_e4m3).")]
+LayoutOption = Annotated[str, ChoiceOption(layout_choice(), help="Cache layout (any case): an entry of the one table, `pagetrace layouts` shows each; flash*, flashinfer* and vllm-* hold K and V in one buffer, as the engines allocate them.")]
 
 
 def mapping_view(trace: TokenTrace, seq_len: int | None = None) -> MappingView:
@@ -41,23 +41,23 @@ def mapping_view(trace: TokenTrace, seq_len: int | None = None) -> MappingView:
 
 
 def lookup(
-    token: Annotated[int, typer.Option(help="Token position in the sequence (0-based).")] = 20,
+    token: Annotated[int, IntOption(help="Token position in the sequence (0-based).")] = 20,
     table: Annotated[str, typer.Option(help="Block table: physical block of each logical block, comma-separated.")] = "7,2,15",
-    seq_len: Annotated[int | None, typer.Option(help="Tokens in the sequence, for the map (default: the table's capacity, every block full).")] = None,
+    seq_len: Annotated[int | None, IntOption(help="Tokens in the sequence, for the map (default: the table's capacity, every block full).")] = None,
     block_size: BlockSizeOption = 16,
     head_dim: HeadDimOption = 8,
     kv_heads: KvHeadsOption = 1,
-    head: Annotated[int, typer.Option(help="Which KV head to address.")] = 0,
+    head: Annotated[int, IntOption(help="Which KV head to address.")] = 0,
     dtype: DtypeOption = "fp32",
     layout: LayoutOption = "blocks",
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1).")] = None,
+    num_blocks: Annotated[int | None, IntOption(help="Physical blocks in the pool (default: largest table entry + 1).")] = None,
     svg: SvgOption = None,
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
     from_bundle: Annotated[str | None, typer.Option("--from", help="Capture bundle: address the token in that engine's real cache (with --request).")] = None,
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
-    step: Annotated[int | None, typer.Option(help="With --from: the captured step (default: the first).")] = None,
+    step: Annotated[int | None, IntOption(help="With --from: the captured step (default: the first).")] = None,
     html: HtmlOption = None,
 ) -> None:
     from ..views.diagram import check_output_paths

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from .diagram import DotOption, HtmlOption, PngOption, SvgOption, save_diagrams, save_page
+from .options import IntOption
 
 HELP = (
     "Replay a captured engine step through pagetrace's paged-attention kernel: every new token's attention, read "
@@ -19,10 +20,10 @@ ROWS = 24
 
 def replay(
     bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
-    step: Annotated[int | None, typer.Option(help="Step to replay (default: the bundle's first).")] = None,
-    layer: Annotated[int | None, typer.Option(help="Attention layer (default: the step's first).")] = None,
+    step: Annotated[int | None, IntOption(help="Step to replay (default: the bundle's first).")] = None,
+    layer: Annotated[int | None, IntOption(help="Attention layer (default: the step's first).")] = None,
     request: Annotated[str | None, typer.Option(help="Request for the per-token table: its id, the id before '-', or its batch row (default: the first).")] = None,
-    token: Annotated[int | None, typer.Option(help="Which new token of the request (its position; default: the last).")] = None,
+    token: Annotated[int | None, IntOption(help="Which new token of the request (its position; default: the last).")] = None,
     backend: Annotated[str, typer.Option(help="auto, triton, interpret or torch.")] = "auto",
     svg: SvgOption = None,
     png: PngOption = None,

@@ -21,7 +21,7 @@ from ..attention.traced_run import (
 )
 from ..errors import RuntimeFailure
 from .diagram import DotOption, HtmlOption, PngOption, SvgOption, report_console, save_diagrams, save_page
-from .options import DEVICE, AliasChoice, dtype_choice, layout_choice
+from .options import DEVICE, AliasChoice, ChoiceOption, FloatOption, IntOption, dtype_choice, layout_choice
 
 HELP = (
     "Run the Triton paged-attention kernel and show, for every token, its logical block, offset, "
@@ -38,34 +38,34 @@ DEFAULT_ROWS = 40
 def run(
     tokens: Annotated[str, typer.Option(help="Tokens in each sequence, comma-separated: 38 or 38,100.")] = "38",
     table: Annotated[list[str] | None, typer.Option(help="Block table of a sequence (repeat once per sequence): 7,2,15. Default: the worked example's 7,2,15 for sequence 0, then seeded free blocks.")] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
-    head_dim: Annotated[int, typer.Option(help="Elements per head vector.")] = 8,
-    heads: Annotated[int, typer.Option(help="Query heads.")] = 1,
-    kv_heads: Annotated[int, typer.Option(help="KV heads (heads must be a multiple: GQA, MQA).")] = 1,
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: 16, grown as the tokens need).")] = None,
-    dtype: Annotated[str, typer.Option(click_type=dtype_choice(), help="Cache and query dtype, any case: fp32 (float32, float), fp16 (float16, half) or bf16 (bfloat16); or an fp8 cache, fp8_e4m3 (fp8) or fp8_e5m2 (fp16 queries).")] = "fp32",
-    layout: Annotated[str | None, typer.Option(click_type=layout_choice(kernel_only=True), help="Cache layout, any case (default: blocks for one KV head, else nhd).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for the cache, the query and the drawn block tables.")] = 0,
-    scale: Annotated[float | None, typer.Option(help="Score scale (default: 1/sqrt(head_dim)).")] = None,
-    token: Annotated[int | None, typer.Option(help="Highlight this token and print its lookup (default: 20, as in the worked example, when sequence 0 has it).")] = None,
-    seq: Annotated[int, typer.Option(help="The sequence --token belongs to.")] = 0,
+    block_size: Annotated[int, IntOption(help="Tokens per block.")] = 16,
+    head_dim: Annotated[int, IntOption(help="Elements per head vector.")] = 8,
+    heads: Annotated[int, IntOption(help="Query heads.")] = 1,
+    kv_heads: Annotated[int, IntOption(help="KV heads (heads must be a multiple: GQA, MQA).")] = 1,
+    num_blocks: Annotated[int | None, IntOption(help="Physical blocks in the pool (default: 16, grown as the tokens need).")] = None,
+    dtype: Annotated[str, ChoiceOption(dtype_choice(), help="Cache and query dtype, any case: fp32 (float32, float), fp16 (float16, half) or bf16 (bfloat16); or an fp8 cache, fp8_e4m3 (fp8) or fp8_e5m2 (fp16 queries).")] = "fp32",
+    layout: Annotated[str | None, ChoiceOption(layout_choice(kernel_only=True), help="Cache layout, any case (default: blocks for one KV head, else nhd).")] = None,
+    seed: Annotated[int, IntOption(help="Seed for the cache, the query and the drawn block tables.")] = 0,
+    scale: Annotated[float | None, FloatOption(help="Score scale (default: 1/sqrt(head_dim)).")] = None,
+    token: Annotated[int | None, IntOption(help="Highlight this token and print its lookup (default: 20, as in the worked example, when sequence 0 has it).")] = None,
+    seq: Annotated[int, IntOption(help="The sequence --token belongs to.")] = 0,
     rows: Annotated[str, typer.Option(help="Rows per table: a number, or 'all'. Long sequences show the first, the last and the heaviest rows.")] = str(DEFAULT_ROWS),
     show_heads: Annotated[str | None, typer.Option(help="Query heads to tabulate, comma-separated, or 'all' (default: all up to 4 heads, else head 0).")] = None,
-    backend: Annotated[str, typer.Option(click_type=AliasChoice(("auto", *BACKEND_NAMES)), help="auto, triton (compiled, CUDA), interpret (Triton's interpreter, CPU) or torch.")] = "auto",
-    device: Annotated[str, typer.Option(click_type=DEVICE, help="auto, cpu, cuda or cuda:N (a string, not a fixed list: N is any device index).")] = "auto",
+    backend: Annotated[str, ChoiceOption(AliasChoice(("auto", *BACKEND_NAMES)), help="auto, triton (compiled, CUDA), interpret (Triton's interpreter, CPU) or torch.")] = "auto",
+    device: Annotated[str, ChoiceOption(DEVICE, help="auto, cpu, cuda or cuda:N (a string, not a fixed list: N is any device index).")] = "auto",
     svg: SvgOption = None,
     png: PngOption = None,
     dot: DotOption = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document with every row and nothing else on stdout.")] = False,
     html: HtmlOption = None,
     query_len: Annotated[str | None, typer.Option(help="New (query) tokens per sequence, the last ones of --tokens: 6, or per sequence 6,1,1 (a prefill or mixed batch). Default: decode, one each.")] = None,
-    query: Annotated[int | None, typer.Option(help="Which new token of --seq the tables show, 0-based (default: the last).")] = None,
-    sliding_window: Annotated[int | None, typer.Option(help="A query at position p sees keys j > p - W only.")] = None,
-    soft_cap: Annotated[float | None, typer.Option(help="Soft-cap the scores: c * tanh(score / c), before the mask.")] = None,
+    query: Annotated[int | None, IntOption(help="Which new token of --seq the tables show, 0-based (default: the last).")] = None,
+    sliding_window: Annotated[int | None, IntOption(help="A query at position p sees keys j > p - W only.")] = None,
+    soft_cap: Annotated[float | None, FloatOption(help="Soft-cap the scores: c * tanh(score / c), before the mask.")] = None,
     alibi: Annotated[bool, typer.Option("--alibi", help="Add ALiBi biases, slope_h * (j - p), with the standard slopes per head.")] = False,
-    k_scale: Annotated[float | None, typer.Option(help="fp8 key cache scale (value = stored x scale; default 1).")] = None,
-    v_scale: Annotated[float | None, typer.Option(help="fp8 value cache scale (default 1).")] = None,
-    partition_size: Annotated[int | None, typer.Option(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
+    k_scale: Annotated[float | None, FloatOption(help="fp8 key cache scale (value = stored x scale; default 1).")] = None,
+    v_scale: Annotated[float | None, FloatOption(help="fp8 value cache scale (default 1).")] = None,
+    partition_size: Annotated[int | None, IntOption(help="Split-K partition in tokens, a multiple of 16 (default: 4096 on the CPU, by SM count on a GPU).")] = None,
 ) -> None:
     from ..views.diagram import MappingView, SequenceMap, check_output_paths
     from ..views.diagram.outputs import requested_outputs

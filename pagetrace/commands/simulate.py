@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from .options import FloatOption, IntOption
+
 HELP = "Simulate vLLM V1's KV block manager step by step (allocation, prefix hits, eviction, preemption) and compare its memory use with Orca's contiguous reservation."
 EPILOG = (
     "Example: pagetrace simulate --requests 200 --num-blocks 1024 --block-size 16 --shared-prefix 64 --chart waste.svg --svg pool.svg"
@@ -33,23 +35,23 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 
 
 def simulate(
-    requests: Annotated[int | None, typer.Option(help="Synthetic workload: number of requests (default 200).")] = None,
+    requests: Annotated[int | None, IntOption(help="Synthetic workload: number of requests (default 200).")] = None,
     trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace, one request per line: prompt or prompt_len, output_len, arrival, n, cache_salt.")] = None,
-    num_blocks: Annotated[int, typer.Option(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    num_blocks: Annotated[int, IntOption(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
+    block_size: Annotated[int, IntOption(help="Tokens per block.")] = 16,
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
-    shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
-    n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
-    arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
-    seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
-    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
-    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
+    shared_prefix: Annotated[int, IntOption(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
+    n: Annotated[int, IntOption("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
+    arrival_rate: Annotated[float, FloatOption(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
+    seed: Annotated[int, IntOption(help="Synthetic: random seed.")] = 0,
+    max_num_batched_tokens: Annotated[int, IntOption(help="Tokens per step (the scheduler's token budget).")] = 4096,
+    max_num_seqs: Annotated[int, IntOption(help="Running requests at most.")] = 256,
+    max_model_len: Annotated[int | None, IntOption(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
     no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
-    at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
-    timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
+    at: Annotated[int | None, IntOption(help="Show every request's block table after this step.")] = None,
+    timeline_rows: Annotated[int, IntOption(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
     png: Annotated[str | None, typer.Option("--png", metavar="PATH", help="Write the pool occupancy over time as PNG.")] = None,
     chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the waste chart (stacked bars like Figure 2 of the vLLM paper) as SVG.")] = None,
@@ -60,7 +62,7 @@ def simulate(
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="The KV cache: vLLM's block manager or SGLang's radix tree (same scheduler, vLLM's).")] = "vllm",
     events: Annotated[str | None, typer.Option(metavar="SOURCE", help="The server's KV events, a recorded file or tcp://HOST:PORT (live, from vLLM's ZMQ publisher): compare them with the blocks the simulation stores and removes. Needs --trace.")] = None,
     events_bind: Annotated[bool, typer.Option("--events-bind", help="Bind the --events endpoint instead of connecting: vLLM's publisher connects when its endpoint has no wildcard (tcp://127.0.0.1:5557).")] = False,
-    events_timeout: Annotated[float, typer.Option(help="Live --events: stop listening after this many seconds without a message.")] = 10.0,
+    events_timeout: Annotated[float, FloatOption(help="Live --events: stop listening after this many seconds without a message.")] = 10.0,
     what_if: Annotated[list[str] | None, typer.Option("--what-if", metavar="SPEC", help="KEY=VALUE,...: run the same workload again with other settings (num-blocks, block-size, policy, prefix-caching=on|off, max-num-batched-tokens, max-num-seqs) and compare hit rate, blocks in use and preemptions in one table; repeat for more.")] = None,
     what_if_chart: Annotated[str | None, typer.Option(metavar="PATH", help="Write the blocks in use over time of each --what-if run (and the run as given) as SVG.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,

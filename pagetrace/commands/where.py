@@ -10,7 +10,7 @@ from ..errors import UsageError
 from ..paging.blocks import parse_int_list
 from ..paging.where import Place, where_byte, where_geometry, where_slot
 from .lookup import BlockSizeOption, DtypeOption, HeadDimOption, KvHeadsOption, LayoutOption
-from .options import AliasChoice
+from .options import AliasChoice, ChoiceOption, IntOption
 
 HELP = "Reverse lookup: which block, offset, KV head, dim, key or value (and, given block tables, which sequence and token) a slot or a byte offset is."
 EPILOG = "Example: pagetrace where --byte 1152 --table 7,2,15   (token 20's key in the worked example); pagetrace where --slot 36 --table 7,2,15"
@@ -19,16 +19,16 @@ SHOWN_OWNERS = 20
 
 
 def where(
-    slot: Annotated[int | None, typer.Option(help="A slot: physical block x block size + offset.")] = None,
-    byte: Annotated[int | None, typer.Option(help="A byte offset from the base of the cache tensor.")] = None,
-    cache: Annotated[str | None, typer.Option(click_type=AliasChoice(("key", "value")), help="Which tensor --byte is in, for layouts with one tensor per cache (default key).")] = None,
+    slot: Annotated[int | None, IntOption(help="A slot: physical block x block size + offset.")] = None,
+    byte: Annotated[int | None, IntOption(help="A byte offset from the base of the cache tensor.")] = None,
+    cache: Annotated[str | None, ChoiceOption(AliasChoice(("key", "value")), help="Which tensor --byte is in, for layouts with one tensor per cache (default key).")] = None,
     table: Annotated[list[str] | None, typer.Option(help="Block table of a sequence, comma-separated; repeat once per sequence, to learn which token it is.")] = None,
     block_size: BlockSizeOption = 16,
     head_dim: HeadDimOption = 8,
     kv_heads: KvHeadsOption = 1,
     dtype: DtypeOption = "fp32",
     layout: LayoutOption = "blocks",
-    num_blocks: Annotated[int | None, typer.Option(help="Physical blocks in the pool (default: largest table entry + 1, else 16).")] = None,
+    num_blocks: Annotated[int | None, IntOption(help="Physical blocks in the pool (default: largest table entry + 1, else 16).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> None:
     from .output import emit_json, stdout_console

@@ -78,6 +78,44 @@ def test_integers_are_ascii_digits_only(command, option, value):
     assert_one_line(*invoke(command, option, value), option)
 
 
+def numeric_options():
+    """Every (command, option, kind) whose function declares an int or float option, read from
+    the command functions' own signatures, so an option added without `IntOption` or
+    `FloatOption` is caught here."""
+    import importlib
+    import types
+    import typing
+
+    import typer
+
+    from pagetrace.cli import COMMANDS, app
+
+    root = typer.main.get_command(app)
+    found = []
+    for command in COMMANDS:
+        function = getattr(importlib.import_module(f"pagetrace.commands.{command}"), command)
+        opts = {param.name: param.opts[0] for param in root.get_command(None, command).params}
+        for name, hint in typing.get_type_hints(function, include_extras=True).items():
+            base = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint
+            kinds = set(typing.get_args(base)) - {type(None)} if isinstance(base, types.UnionType) else {base}
+            if kinds in ({int}, {float}) and name in opts:
+                found.append((command, opts[name], kinds.pop().__name__))
+    return found
+
+
+def test_numeric_options_are_found():
+    found = numeric_options()
+    assert ("lookup", "--token", "int") in found and ("run", "--scale", "float") in found and len(found) >= 50
+
+
+@pytest.mark.parametrize("command, option, kind", numeric_options())
+def test_every_numeric_option_takes_ascii_only(command, option, kind):
+    for value in ("٣", "1_0"):  # int() and float() take both
+        code, out, err = invoke(command, option, value)
+        assert_one_line(code, out, err, option)
+        assert "ASCII digits" in err, err  # refused as written, not for the number it would have been
+
+
 @pytest.mark.parametrize("value", ["٣", "1_0", " 0.5", "inf", "nan"])
 def test_floats_are_ascii_only(value):
     assert_one_line(*invoke("run", "--scale", value), "--scale")
