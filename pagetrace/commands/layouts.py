@@ -108,7 +108,7 @@ def render_layouts(dims: dict, docs: list[dict], skipped: list[str], probes: lis
 
     parts = [Text(
         f"layouts for {dims['num_blocks']} blocks of {dims['block_size']} slots, {dims['kv_heads']} KV head(s), head_dim "
-        f"{dims['head_dim']}, {dims['dtype']}; each axis as shape:stride in elements, outer part first; + the start of K or V",
+        f"{dims['head_dim']}, {dims['dtype']}; each axis as shape:stride in elements (a split axis in CuTe's order, fastest part first); + the start of K or V",
         style="bold",
     )]
     for doc in docs:

@@ -20,8 +20,9 @@ split key [N, H, D/x, bs, x] is ("block", "head", "dim/x", "slot", "dim%x"); the
 backend's amx key is ("block", "head", "kv", "slot/16", "dim/p", "slot%16", "dim%p").
 
 This is CuTe's hierarchical Shape:Stride in a few dataclasses: `CacheGeometry.formula`
-prints each logical axis as `shape:stride`, a split axis as tuples (the amx key at
-bs 32, D 64, bf16: `slot:(2,16):(1024,2)  dim:(32,2):(32,1)`). A layout is affine
+prints each logical axis as `shape:stride`, a split axis as tuples in CuTe's order, its
+fastest-varying part first (the amx key at bs 32, D 64, bf16: `slot:(16,2):(2,1024)
+dim:(2,32):(1,32)`). A layout is affine
 (one stride per logical axis) unless an axis other than the key's dim is split; the
 kernel reads affine layouts through strides, and a tiled one through a copy.
 
@@ -297,12 +298,14 @@ class CacheGeometry(NamedTuple):
         return (strides["block"], strides["slot"], strides["head"], strides["dim"]), offset
 
     def formula(self, which: str) -> str:
-        """CuTe's notation, one logical axis at a time: `slot:(2,16):(1024,2)`, plus the offset
-        of the kv factor."""
+        """CuTe's notation, one logical axis at a time: `slot:(16,2):(2,1024)`, plus the offset
+        of the kv factor. A split axis lists its parts in CuTe's colexicographic order, the
+        fastest-varying first: `(16,2):(2,1024)` is slot % 16 at stride 2, then slot // 16 at
+        stride 1024 (include/cute/layout.hpp; the CuTe docs' 01_layout)."""
         parts = []
         factors = self.factors(which)
         for axis in AXES:
-            mine = sorted((f for f in factors if f.axis == axis), key=lambda f: -f.div)
+            mine = sorted((f for f in factors if f.axis == axis), key=lambda f: f.div)  # innermost part first, as CuTe
             if not mine:
                 continue
             if len(mine) == 1:

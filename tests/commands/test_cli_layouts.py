@@ -32,7 +32,7 @@ def test_dims_a_layout_cannot_split_are_named_not_hidden(capsys):
     assert code == 0 and "vllm-cpu-amx" not in [d["name"] for d in doc["layouts"]]
     assert any(line.startswith("vllm-cpu-amx:") and "multiple of 16" in line for line in doc["not_shown"])
     code, out, _ = cli(capsys, "layouts", "--layout", "vllm-cpu", "--layout", "VLLM-CPU-AMX")
-    assert code == 0 and "vllm-cpu-amx  [4, 2, 32, 128]" in out and "slot:(2,16):(1024,2)" in out and "\nnhd " not in out
+    assert code == 0 and "vllm-cpu-amx  [4, 2, 32, 128]" in out and "slot:(16,2):(2,1024)" in out and "\nnhd " not in out
 
 
 def test_markdown_is_the_table(capsys):

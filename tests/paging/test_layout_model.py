@@ -139,9 +139,9 @@ def test_amx_refuses_dims_its_tiles_cannot_hold(bs, D, option):
 
 def test_the_formula_is_cute_shape_and_stride():
     geom = make_geometry("vllm-cpu-amx", 4, 32, 2, 64, "bf16")
-    assert geom.formula("key") == "block:4:8192  slot:(2,16):(1024,2)  head:2:4096  dim:(32,2):(32,1)  + 0"
-    assert geom.formula("value") == "block:4:8192  slot:(16,2):(32,1)  head:2:4096  dim:(4,16):(512,2)  + 2048"
-    assert make_geometry("vllm", 4, 16, 2, 16, "fp16").formula("key") == "block:4:512  slot:16:8  head:2:256  dim:(2,8):(128,1)  + 0"
+    assert geom.formula("key") == "block:4:8192  slot:(16,2):(2,1024)  head:2:4096  dim:(2,32):(1,32)  + 0"
+    assert geom.formula("value") == "block:4:8192  slot:(2,16):(1,32)  head:2:4096  dim:(16,4):(2,512)  + 2048"
+    assert make_geometry("vllm", 4, 16, 2, 16, "fp16").formula("key") == "block:4:512  slot:16:8  head:2:256  dim:(8,2):(1,128)  + 0"
     assert geom.affine("key") is None and make_geometry("vllm-cpu", 4, 32, 2, 64, "bf16").affine("key") == ((8192, 1, 4096, 32), 0)
 
 
