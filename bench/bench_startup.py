@@ -45,6 +45,11 @@ def main() -> None:
     # pip writes the package's byte code at install; a run with PYTHONDONTWRITEBYTECODE set
     # (as some machines do) would otherwise compile every edited module on every start
     compileall.compile_dir(str(HERE.parent / "pagetrace"), quiet=1)
+    import platform
+
+    import typer
+
+    print(f"typer {typer.__version__}, Python {platform.python_version()}, {platform.machine()}")
     for command in COMMANDS.values():  # warm the file caches
         timed(command)
     for _ in range(args.runs):

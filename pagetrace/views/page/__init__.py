@@ -11,13 +11,12 @@ Nothing is fetched: no CDN, no font, no image; the file opens from disk with no 
 
 from __future__ import annotations
 
-import json
-from importlib import resources
-
 KINDS = ("run", "replay", "simulate", "lookup")
 
 
 def _asset(name: str) -> str:
+    from importlib import resources  # here, not at the top: `lookup` imports this module for check_page_path alone
+
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
@@ -32,6 +31,8 @@ def check_page_path(html: str | None, others: dict[str, str] | None = None, json
 
 def _script_json(doc) -> str:
     """JSON safe inside <script>: no `</script>`, no `<!--`, and JavaScript's line separators escaped."""
+    import json
+
     try:
         text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     except ValueError:  # NaN or infinity: null, as --json prints them
