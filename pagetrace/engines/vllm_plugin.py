@@ -73,9 +73,12 @@ def register() -> None:
 
 def _check_vllm_version() -> None:
     """Refuse, before anything is patched, a vLLM the patches were not written for."""
-    from vllm import __version__  # vLLM is loading its plugins: it is imported already
+    import sys
 
-    problem = vllm_version_problem(__version__)
+    vllm = sys.modules.get("vllm")  # vLLM is loading its plugins: it is imported already
+    if vllm is None:  # called outside vLLM (the settings' tests): nothing will be patched now
+        return
+    problem = vllm_version_problem(str(getattr(vllm, "__version__", "unknown")))
     if problem:
         _refuse(problem)
 

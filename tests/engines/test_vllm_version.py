@@ -14,7 +14,7 @@ def run_register(tmp_path, version: str, **env):
     stand_in = tmp_path / "stand_in" / "vllm"
     stand_in.mkdir(parents=True)
     (stand_in / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    code = "from pagetrace.engines.vllm_plugin import register, PATCHES; register(); print(sorted(PATCHES))"
+    code = "import vllm; from pagetrace.engines.vllm_plugin import register, PATCHES; register(); print(sorted(PATCHES))"  # as vLLM calls it
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
     environ.update(PYTHONPATH=str(stand_in.parent), **env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ, cwd=tmp_path)
@@ -40,6 +40,17 @@ def test_a_supported_release_goes_on(tmp_path, version):
     done = run_register(tmp_path, version, PAGETRACE_TRACE=str(tmp_path / "t.jsonl"))
     assert done.returncode == 0, done.stderr
     assert "vllm.v1.core.sched.scheduler" in done.stdout  # patched: the version was let through
+
+
+def test_outside_vllm_nothing_is_imported_to_check(tmp_path):
+    stand_in = tmp_path / "stand_in" / "vllm"
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("raise SystemExit('imported')\n")
+    code = "import sys; from pagetrace.engines.vllm_plugin import register; register(); print('vllm' in sys.modules)"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
+    environ.update(PYTHONPATH=str(stand_in.parent), PAGETRACE_GUARD="report")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
 
 
 def test_nothing_set_reads_no_version(tmp_path):
