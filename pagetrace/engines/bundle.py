@@ -263,7 +263,9 @@ def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -
         raise
     except FileNotFoundError:
         raise BundleError(file, "file", "is missing") from None
-    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+    except (SafetensorError, OSError, ValueError, TypeError, AttributeError) as exc:
+        # AttributeError: safetensors before 0.5 reads a bf16 tensor into NumPy as `np.bfloat16`,
+        # which NumPy lacks (newer ones raise TypeError); an index tensor is never bf16
         raise BundleError(file, "file", f"is not a readable safetensors file ({exc})") from None
     ranks = {"block_table": 2}
     for name, array in arrays.items():

@@ -450,6 +450,21 @@ def test_a_step_file_missing_or_unreadable_is_refused_naming_it(tmp_path):
     assert str(caught.value).startswith(f"malformed bundle: {file}: file: is not a readable safetensors file (")
 
 
+def test_a_bf16_index_tensor_is_an_unreadable_file_on_every_safetensors(tmp_path):
+    """NumPy has no bfloat16: safetensors 0.4 raises AttributeError reading one into NumPy,
+    newer releases TypeError; either way one line naming the file, not an internal error."""
+    folder, m = bundle(tmp_path)
+    file = folder / "step-0003.safetensors"
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(file))
+    tensors["seq_lens"] = tensors["seq_lens"].to(torch.bfloat16)
+    save_file(tensors, str(file))
+    with pytest.raises(BundleError) as caught:
+        read_step(folder, m, 3)
+    assert str(caught.value).startswith(f"malformed bundle: {file}: file: is not a readable safetensors file (")
+
+
 # -- a layer's tensors -------------------------------------------------------------------
 
 
