@@ -20,6 +20,8 @@ function sv(tag, attrs, text) {
   return e;
 }
 const fmt = (x, d = 4) => (x === null || x === undefined ? "n/a" : Number(x).toFixed(d));
+// a weight: four decimals, or three significant digits where four decimals would print 0.0000 (a long sequence's weights)
+const fmtWeight = (x) => (x === null || x === undefined ? "n/a" : x !== 0 && Math.abs(x) < 5e-4 ? Number(x).toExponential(2) : Number(x).toFixed(4));
 const int = (x) => (x === null || x === undefined ? "n/a" : Number(x).toLocaleString("en-US"));
 function legend(items) {
   return el("ul", { class: "legend", "aria-label": "what the colours mean" },

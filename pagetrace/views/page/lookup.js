@@ -67,8 +67,11 @@ function lookupPage(doc) {
   const slotTop = y;
   for (let s = 0; s < bs; s++) {
     const x = (s % perRow) * (cw + gap), yy = slotTop + Math.floor(s / perRow) * (ch + gap);
-    svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell slot" + (s === off ? " on" : ""), fill: "var(--seq)", "data-block": phys, "data-slot": s }));
-    svg.append(sv("text", { x: x + 3, y: yy + 15 }, `${lb * bs + s}`));
+    // a slot past the sequence's last token (--seq-len) holds nothing yet
+    const used = doc.seq_len === null || doc.seq_len === undefined || lb * bs + s < doc.seq_len;
+    svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell slot" + (s === off ? " on" : "") + (used ? "" : " empty"), fill: used ? "var(--seq)" : "#fff",
+      "data-block": phys, "data-slot": s, "aria-label": `slot ${s}${used ? `: token ${lb * bs + s}` : ": empty"}` }));
+    svg.append(sv("text", { x: x + 3, y: yy + 15 }, used ? `${lb * bs + s}` : "·"));
   }
   const sx = (off % perRow) * (cw + gap) + cw / 2, sy = slotTop + Math.floor(off / perRow) * (ch + gap);
   if (a && b) svg.insertBefore(sv("path", { d: `M${a[0]},${a[1]} L${b[0]},${b[1]} M${b[0]},${b[1] + ph} L${sx},${sy}`, class: "path", "data-path": "token" }), svg.firstChild);

@@ -6,16 +6,33 @@ function runModel(doc) {
     blockSize: c.block_size, numBlocks: c.num_blocks, layout: c.layout, dtype: c.dtype, elementSize: c.element_size,
     heads: doc.shown_heads.map((h, pos) => ({ label: `query head ${h} (KV head ${Math.floor(h / group)})`, pos, kv: Math.floor(h / group) })),
     sequences: doc.sequences.map((q) => ({ name: `sequence ${q.index}`, seqLen: q.seq_len, table: q.block_table, rows: q.rows,
-      query: q.query.index, queries: q.queries || null, newTokens: c.query_lens[q.index], kept: q.rows_kept || null,
+      query: q.query.index, queries: everyQuery(q, c), newTokens: c.query_lens[q.index], kept: q.rows_kept || null,
       note: `query: new token ${q.query.index} at position ${q.query.position}` })),
     weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos],
     start: doc.token ? { seq: doc.token.sequence, token: doc.token.token } : { seq: 0, token: null },
     maskMap: doc.mask_map || [], summary: doc.page_summary || null,
-    config: `${doc.sequences.length} sequence(s), tokens ${c.tokens.join(",")} · block size ${c.block_size} · head_dim ${c.head_dim} · ` +
+    config: `${doc.sequences.length} sequence(s), tokens ${c.tokens.length <= 8 ? c.tokens.join(", ") : `${int(Math.min(...c.tokens))} to ${int(Math.max(...c.tokens))} (the Sequence menu lists each)`} · block size ${c.block_size} · head_dim ${c.head_dim} · ` +
       `${c.heads} head(s) / ${c.kv_heads} KV head(s) · ${c.dtype} · layout ${c.layout} · pool ${int(c.num_blocks)} blocks · backend ${c.backend} · ` +
       checkWords(doc.checks),
   };
 }
+// Every new token of a prefill, reachable: `queries` (--json's, with their own scores and weights: at most 32, within
+// a budget of numbers) and, for each other new token, its mask alone, from the run's rule (query at position p sees
+// keys j <= p, and j > p - W under --sliding-window W), its numbers null: `run --query i --json` has them.
+function everyQuery(q, c) {
+  if (!q.queries) return null;
+  const newTokens = c.query_lens[q.index], first = q.seq_len - newTokens, have = new Map(q.queries.map((e) => [e.index, e]));
+  const out = [];
+  for (let i = 0; i < newTokens; i++) {
+    if (have.has(i)) { out.push(have.get(i)); continue; }
+    const p = first + i, masked = [];
+    if (c.sliding_window && p - c.sliding_window >= 0) masked.push([0, p - c.sliding_window, "window"]);
+    if (p + 1 <= q.seq_len - 1) masked.push([p + 1, q.seq_len - 1, "causal"]);
+    out.push({ index: i, position: p, row: null, scores: null, weights: null, masked, derived: true });
+  }
+  return out;
+}
+
 // what the check compared, in the JSON's own words: the kernel against contiguous attention, or (backend torch)
 // the torch path against the same gather in float64, no kernel run and no slot checked
 function checkWords(ch) {
@@ -85,14 +102,15 @@ function tokenPage(m) {
     const list = q.queries || [];
     state.query = list.length ? q.query : null;
     querySel.replaceChildren(...list.map((e) => el("option", { value: e.index,
-      text: `new token ${e.index} of ${q.newTokens}, at position ${e.position}${e.index === q.query ? " (the rows' query)" : ""}` })));
+      text: `new token ${e.index} of ${q.newTokens}, at position ${e.position}${e.index === q.query ? " (the rows' query)" : ""}${e.weights ? "" : " (mask only)"}` })));
     querySel.value = state.query === null ? "" : state.query;
     querySel.hidden = queryLabel.hidden = !list.length;
   }
   querySel.addEventListener("change", () => { state.query = +querySel.value; drawTable(state.token); select(state.token); });
   fillQueries();
   seqSel.value = state.seq;
-  seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; state.poolCentre = undefined; state.block = null; fillQueries(); drawTable(); select(null); drawMask(); });
+  seqSel.addEventListener("change", () => { state.seq = +seqSel.value; state.token = null; state.poolCentre = undefined; state.block = null;
+    ownersBox.replaceChildren(); delete ownersBox.dataset.block; fillQueries(); drawTable(); select(null); drawMask(); });
   headSel.addEventListener("change", () => { state.head = +headSel.value; drawTable(); select(state.token); });
   goto.addEventListener("change", () => {
     // an empty box traces nothing (not token 0); a token out of range is said to be so
@@ -108,8 +126,9 @@ function tokenPage(m) {
   }
   // a query's scores and weights follow the rows' order (every token, or the kept rows of a summarised page)
   const rowIndex = m.sequences.map((q) => new Map((q.rows || []).map((r, i) => [r.token, i])));
-  const weightOf = (r, head) => { const e = chosen(); return e ? e.weights[head.pos][rowIndex[state.seq].get(r.token)] : m.weight(r, head); };
-  const scoreOf = (r, head) => { const e = chosen(); return e ? e.scores[head.pos][rowIndex[state.seq].get(r.token)] : m.score(r, head); };
+  // a query a summarised page keeps the mask of only (weights null): its numbers are n/a, its mask still shown
+  const weightOf = (r, head) => { const e = chosen(); return e ? (e.weights ? e.weights[head.pos][rowIndex[state.seq].get(r.token)] : null) : m.weight(r, head); };
+  const scoreOf = (r, head) => { const e = chosen(); return e ? (e.scores ? e.scores[head.pos][rowIndex[state.seq].get(r.token)] : null) : m.score(r, head); };
   function maskOf(r) {
     const e = chosen();
     if (!e) return r.mask;
@@ -141,7 +160,7 @@ function tokenPage(m) {
       const tr = el("tr", { "data-token": r.token, tabindex: -1, class: mask && mask !== "visible" ? "masked" : null, "data-weight": String(w), "data-mask": mask },
         el("td", { text: r.token }), el("td", { text: r.logical_block }), el("td", { text: r.offset }), el("td", { text: r.physical_block }),
         el("td", { class: "opt", text: r.slot }), el("td", { class: "opt", text: fmt(scoreOf(r, head)) }), hasMask ? el("td", { text: mask }) : null,
-        el("td", { text: fmt(w) }), el("td", { style: "text-align:left" }, el("span", { class: "bar", style: `width:${Math.round(60 * (w || 0) / peak)}px` })));
+        el("td", { text: fmtWeight(w) }), el("td", { style: "text-align:left" }, el("span", { class: "bar", style: `width:${Math.round(60 * (w || 0) / peak)}px` })));
       tr.addEventListener("click", () => select(r.token, true));
       tr.addEventListener("keydown", onKey);
       rowByToken.set(r.token, tr);
@@ -153,7 +172,8 @@ function tokenPage(m) {
     const table = el("table", { id: "tokens" }, caption, head_, body);
     const note = q.rows.length > rows.length ? el("p", { text: `rows ${rows[0].token} to ${rows[rows.length - 1].token} of ${q.rows.length} shown; type a token above to go to it` }) : null;
     const kept = q.kept ? el("p", { class: "summary-note", text: `${q.kept.kept.toLocaleString("en-US")} of ${q.kept.of.toLocaleString("en-US")} rows are on this page (summarised: see the note above); a row left out still shows its blocks and slot when you type its token` }) : null;
-    const says = e ? `query: new token ${e.index} at position ${e.position}; it sees ${q.seqLen - e.masked.reduce((n, [a, b]) => n + b - a + 1, 0)} of the keys` : q.note;
+    const says = e ? `query: new token ${e.index} at position ${e.position}; it sees ${q.seqLen - e.masked.reduce((n, [a, b]) => n + b - a + 1, 0)} of the keys` +
+      (e.weights ? "" : `; its weights are not on this page (summarised): \`pagetrace run --query ${e.index} --json\` has them`) : q.note;
     tablePanel.replaceChildren(...[el("p", { id: "table-note", text: `${q.name}: ${q.seqLen} tokens; ${says}` }), kept, table, note].filter(Boolean));
     const first = rowByToken.get(state.token) || body.firstChild;
     if (first) first.tabIndex = 0;
@@ -345,13 +365,55 @@ function tokenPage(m) {
     picture.replaceChildren(svg);
   }
 
+  // one query's mask as a character per key block, from its masked runs [first, last, kind]: as report.mask_map writes it
+  function maskCells(q, masked) {
+    const bs = m.blockSize, n = Math.ceil(q.seqLen / bs), hidden = new Array(n).fill(0), win = new Array(n).fill(false);
+    for (const [a, b, kind] of masked) {
+      for (let blk = Math.floor(a / bs); blk <= Math.floor(b / bs); blk++) {
+        const lo = Math.max(a, blk * bs), hi = Math.min(b, (blk + 1) * bs - 1);
+        hidden[blk] += hi - lo + 1;
+        if (kind === "window") win[blk] = true;
+      }
+    }
+    return hidden.map((h, blk) => { const size = Math.min(q.seqLen, (blk + 1) * bs) - blk * bs; return h === 0 ? "█" : h < size ? "░" : win[blk] ? "w" : "·"; }).join("");
+  }
+  const MASK_FILL = { "█": "var(--used)", "░": "var(--seq)", "·": "var(--free)", w: "var(--shared)" };
+  // the mask map as a picture: a row per query position, the key blocks across (runs of one state as one bar), every
+  // query of the sequence when the page has them (a click picks it), else `--json`'s mask_map rows with a mark where positions are left out
   function drawMask() {
-    if (!m.maskMap.length) return;
     const q = m.sequences[state.seq], e = chosen();
-    const at = e ? e.position : null;
-    maskBox.replaceChildren(el("h2", { text: "Mask map: a row per query position, a cell per key block" + (state.seq === m.start.seq ? "" : ` (of ${m.sequences[m.start.seq].name})`) }),
-      el("pre", { class: "panel", id: "mask-map", text: m.maskMap.map((r) => `${r.position === at && state.seq === m.start.seq ? "▶" : " "} p=${String(r.position).padEnd(6)} ${r.blocks}`).join("\n") +
-        "\n█ every key visible  ░ some visible  · causal-masked  w window-masked" + (at !== null && state.seq === m.start.seq ? "  ▶ the query picked above" : "") }));
+    let rows;
+    if (q.queries) rows = q.queries.map((x) => ({ position: x.position, blocks: maskCells(q, x.masked), query: x.index }));
+    else if (m.maskMap.length && state.seq === m.start.seq) rows = m.maskMap.map((r) => ({ position: r.position, blocks: r.blocks, query: null }));
+    else { maskBox.replaceChildren(); return; }
+    const W = 640, L = 78, rh = 12, n = rows[0].blocks.length, cw = (W - L) / n;
+    const svg = sv("svg", { id: "mask-map", role: "img", "aria-label": `mask map: ${rows.length} query rows by ${n} key blocks` });
+    let y = 2;
+    rows.forEach((r, i) => {
+      if (i > 0 && r.position > rows[i - 1].position + 1) { // positions left out: say so
+        svg.append(sv("text", { x: 0, y: y + 9, class: "gap", "data-gap": r.position - rows[i - 1].position - 1 }, `⋮ ${r.position - rows[i - 1].position - 1} positions not in the map`));
+        y += rh;
+      }
+      const on = e && r.query === e.index;
+      const g = sv("g", { class: "mask-row" + (on ? " on" : ""), "data-position": r.position, "data-query": r.query ?? "", "data-blocks": r.blocks });
+      g.append(sv("text", { x: 0, y: y + 9 }, `${on ? "▶" : " "}p=${r.position}`));
+      for (let a = 0; a < n;) {
+        let b = a;
+        while (b + 1 < n && r.blocks[b + 1] === r.blocks[a]) b++;
+        g.append(sv("rect", { x: L + a * cw, y, width: (b - a + 1) * cw, height: rh - 2, fill: MASK_FILL[r.blocks[a]] || "#fff" }));
+        a = b + 1;
+      }
+      if (on) g.append(sv("rect", { x: L, y: y - 1, width: W - L, height: rh, fill: "none", stroke: "#000", "stroke-width": 1.5 }));
+      if (r.query !== null) g.addEventListener("click", () => { querySel.value = r.query; querySel.dispatchEvent(new Event("change")); });
+      svg.append(g);
+      y += rh;
+    });
+    svg.append(sv("text", { x: L, y: y + 10 }, "key block 0"));
+    svg.append(sv("text", { x: W, y: y + 10, "text-anchor": "end" }, `key block ${n - 1}`));
+    svg.setAttribute("viewBox", `0 0 ${W} ${y + 14}`);
+    maskBox.replaceChildren(el("h2", { text: `Mask map of ${q.name}: a row per query position, the key blocks across` }),
+      el("div", { class: "panel" }, svg, legend([["var(--used)", "every key of the block visible"], ["var(--seq)", "some visible"], ["var(--free)", "causal-masked"], ["var(--shared)", "window-masked"]]),
+        q.queries ? el("p", { text: "Click a row to pick its query (or use the Query menu)." }) : null));
   }
   querySel.addEventListener("change", drawMask);
   drawMask();
