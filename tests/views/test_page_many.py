@@ -126,3 +126,41 @@ def test_small_faults(browser, capsys, tmp_path):
         p.press("#goto", "Enter")
         assert f"Token {bad} is out of range" in p.inner_text("#d-none") and "0 to 37" in p.inner_text("#d-none")
     o.close()
+
+
+@pytest.mark.parametrize("name, args", [
+    ("vllm-cpu-amx", ["--layout", "vllm-cpu-amx", "--dtype", "bf16", "--block-size", "32", "--head-dim", "32", "--kv-heads", "2", "--head", "1", "--token", "52"]),
+    ("vllm", ["--layout", "vllm", "--dtype", "fp16", "--head-dim", "64", "--token", "20"]),
+])
+def test_lookup_element_grid(browser, capsys, tmp_path, shots, name, args):
+    """The tiled and split layouts' grid of the block's memory: the traced token's row holds, at each
+    run's first dim, that run's element as --json's chunks say; every cell a different element."""
+    page = tmp_path / "lookup.html"
+    code, out, err = cli(capsys, "lookup", *args, "--table", "7,2,15", "--html", str(page), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    for width in (1280, 800):
+        o = Opened(browser, page, width, 900)
+        p = o.page
+        for which in ("key", "value"):
+            cells = p.evaluate(f"[...document.querySelectorAll('#{which}-cute td')].map(td => [+td.dataset.slot, +td.dataset.dim, +td.dataset.element])")
+            assert len(cells) == doc["block_size"] * doc["head_dim"] and len({e for _, _, e in cells}) == len(cells)  # one element each
+            at = {(s, d): e for s, d, e in cells}
+            for c in doc[which]["chunks"]:
+                for k in range(c["elements"]):
+                    assert at[(doc["offset"], c["first_dim"] + k)] == c["element_offset"] + k
+        assert "What am I looking at" in p.inner_text("#explain")
+        assert f"slot = {doc['physical_block']} × {doc['block_size']} + {doc['offset']} = {doc['slot']}" in p.inner_text("#explain")
+        p.screenshot(path=str(shots / f"lookup-grid-{name}-{width}.png"), full_page=True)
+        o.close()
+
+
+def test_dark_mode_keeps_the_text_readable(browser, capsys, tmp_path):
+    page = tmp_path / "run.html"
+    assert cli(capsys, "run", "--html", str(page))[0] == 0
+    o = Opened(browser, page, dark=True)
+    p = o.page
+    bg = p.evaluate("getComputedStyle(document.body).backgroundColor")
+    ink = p.evaluate("getComputedStyle(document.body).color")
+    assert bg == "rgb(21, 21, 21)" and ink == "rgb(230, 230, 230)"
+    o.close()

@@ -15,7 +15,10 @@ function el(tag, attrs, ...kids) {
 }
 function sv(tag, attrs, text) {
   const e = document.createElementNS(SVGNS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) if (v !== null && v !== undefined) e.setAttribute(k, v);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (typeof v === "function" && k.startsWith("on")) e.addEventListener(k.slice(2), v); else e.setAttribute(k, v);
+  }
   if (text !== undefined) e.textContent = text;
   return e;
 }

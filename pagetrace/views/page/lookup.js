@@ -26,7 +26,9 @@ function lookupPage(doc) {
     el("div", { class: "grid" },
       el("section", { "aria-label": "the four steps" }, el("h2", { text: "The four steps" }), el("div", { class: "panel", id: "detail" }, steps),
         el("h2", { text: "Block table, pool, slot" }), picture),
-      el("section", { "aria-label": "the key's and the value's address" }, ...["key", "value"].map((w) => addressBox(w, doc[w], size)))));
+      el("section", { "aria-label": "the key's and the value's address" }, ...["key", "value"].map((w) => addressBox(w, doc[w], size)))),
+    ...["key", "value"].map((w) => cuteGrid(doc, w)).filter(Boolean));
+  app.prepend(explainLookup(doc));
 
   // the picture: logical blocks over the table, the pool, the block slot by slot
   const cw = 38, ch = 22, gap = 2, perRow = picture.clientWidth && picture.clientWidth < 520 ? 8 : 16, W = perRow * (cw + gap);
@@ -78,6 +80,54 @@ function lookupPage(doc) {
   y = slotTop + Math.ceil(bs / perRow) * (ch + gap) + 8;
   svg.setAttribute("viewBox", `-2 0 ${W + 4} ${y}`);
   picture.replaceChildren(svg);
+}
+
+// The block's memory for one vector kind, in the manner of CuTe's layout pictures: a cell per (slot, dim), holding the
+// element's offset from the block's first element, by the layout's own factors (axis names as --json gives them:
+// "slot", "dim", "dim/x" and "dim%x" for a split axis, "kv" for key 0 / value 1). Cells of one contiguous run share a shade.
+const CUTE_SLOTS = 32, CUTE_DIMS = 64;
+function cuteGrid(doc, which) {
+  const a = doc[which], bs = doc.block_size, hd = doc.head_dim;
+  if (!hd || a.contiguous) return null;
+  const shapeOf = new Map(a.axes.map((x, i) => [x, a.shape[i]]));
+  const base = { block: doc.physical_block, head: doc.head, kv: which === "value" ? 1 : 0 };
+  function offset(slot, dim) {
+    const v = { slot, dim, ...base };
+    let e = 0;
+    a.axes.forEach((axis, i) => {
+      let x;
+      const m = axis.match(/^(\w+)([/%])(\w+)$/);
+      if (!m) x = v[axis] ?? 0;
+      else {
+        const by = /^\d+$/.test(m[3]) ? +m[3] : m[2] === "/" ? shapeOf.get(`${m[1]}%${m[3]}`) : a.shape[i];
+        x = m[2] === "/" ? Math.floor(v[m[1]] / by) : v[m[1]] % by;
+      }
+      e += x * a.strides[i];
+    });
+    return e;
+  }
+  if (offset(doc.offset, 0) !== a.element_offset) return null; // factors this page reads otherwise: no grid rather than a wrong one
+  const slots = Math.min(bs, CUTE_SLOTS), dims = Math.min(hd, CUTE_DIMS), run = a.chunks[0].elements;
+  const body = el("tbody", {});
+  for (let s = 0; s < slots; s++) {
+    const tr = el("tr", { class: s === doc.offset ? "on" : null }, el("th", { scope: "row", text: `slot ${s}` }));
+    for (let d = 0; d < dims; d++) {
+      const e = offset(s, d) - a.block_base_element;
+      tr.append(el("td", { class: `run${Math.floor(e / run) % 2}` + (s === doc.offset && d === 0 ? " on" : ""), text: e,
+        title: `(slot ${s}, dim ${d}) → element ${int(e + a.block_base_element)}`, "data-slot": s, "data-dim": d, "data-element": e + a.block_base_element }));
+    }
+    body.append(tr);
+  }
+  const head = el("thead", {}, el("tr", {}, el("th", { text: "" }), ...Array.from({ length: dims }, (_, d) => el("th", { scope: "col", text: `d${d}` }))));
+  const formula = `(${a.axes.join(", ")}) = (${a.shape.join(", ")}) : (${a.strides.join(", ")})`;
+  return el("div", { class: "panel cute", id: `${which}-cute` },
+    el("h2", { text: `The ${which}s of block ${doc.physical_block}, element by element` }),
+    el("p", { text: `Each cell is (slot, dim) → the element's offset from the block's first ${which} element (${int(a.block_base_element)}); ` +
+      `the layout as shape : stride, outermost factor first (CuTe writes its modes the other way, fastest first): ${formula}. ` +
+      `Cells of one contiguous run share a shade; token ${doc.token}'s row (slot ${doc.offset}) is outlined.` +
+      (slots < bs || dims < hd ? ` The first ${slots} slots and ${dims} dims are drawn.` : "") }),
+    el("div", { class: "scroll", tabindex: 0, "aria-label": `${which}: the block's elements (scroll with the arrow keys)` },
+      el("table", {}, el("caption", { class: "visually-hidden", text: `${which}: the block's elements by slot and dim` }), head, body)));
 }
 
 const MAX_RUNS = 64; // runs listed (and drawn) per vector

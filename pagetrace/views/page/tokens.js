@@ -7,8 +7,9 @@ function runModel(doc) {
     heads: doc.shown_heads.map((h, pos) => ({ label: `query head ${h} (KV head ${Math.floor(h / group)})`, pos, kv: Math.floor(h / group) })),
     sequences: doc.sequences.map((q) => ({ name: `sequence ${q.index}`, seqLen: q.seq_len, table: q.block_table, rows: q.rows,
       query: q.query.index, queries: everyQuery(q, c), newTokens: c.query_lens[q.index], kept: q.rows_kept || null,
+      mass: massOf(q), massPeak: Math.max(1e-30, ...(massOf(q) || [0])),
       note: `query: new token ${q.query.index} at position ${q.query.position}` })),
-    weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos],
+    weight: (row, head) => row.weights[head.pos], score: (row, head) => row.scores[head.pos], headDim: c.head_dim,
     start: doc.token ? { seq: doc.token.sequence, token: doc.token.token } : { seq: 0, token: null },
     maskMap: doc.mask_map || [], summary: doc.page_summary || null,
     config: `${doc.sequences.length} sequence(s), tokens ${c.tokens.length <= 8 ? c.tokens.join(", ") : `${int(Math.min(...c.tokens))} to ${int(Math.max(...c.tokens))} (the Sequence menu lists each)`} · block size ${c.block_size} · head_dim ${c.head_dim} · ` +
@@ -31,6 +32,12 @@ function everyQuery(q, c) {
     out.push({ index: i, position: p, row: null, scores: null, weights: null, masked, derived: true });
   }
   return out;
+}
+
+// a sequence's attention mass per logical block: --json's coverage, or a summarised page's block_mass (the same numbers)
+function massOf(q) {
+  if (q.block_mass) return q.block_mass;
+  return q.coverage ? q.coverage.map((e) => e.attention_mass) : null;
 }
 
 // what the check compared, in the JSON's own words: the kernel against contiguous attention, or (backend torch)
@@ -83,10 +90,12 @@ function tokenPage(m) {
   const detail = el("div", { class: "panel", id: "detail", "aria-live": "polite" });
   const ownersBox = el("div", { class: "panel", id: "owners", "aria-live": "polite" });
   const picture = el("div", { class: "panel", id: "picture" });
+  const [explainBoxEl, explainBody] = explainBox("explain", "What am I looking at?");
   const maskBox = el("div", { id: "mask" });
   app.replaceChildren(
     m.summary ? el("p", { id: "summary-note", class: "summary-note", text: m.summary }) : "",
-    el("p", { text: "Click a token (or focus the table and use the arrow keys) to trace it: its logical block, the block-table entry, the physical block and the slot light up, and its address and weight show. Click a physical block (or Tab to it, then Enter) to list its owners." }),
+    explainBoxEl,
+    el("p", { text: "Click a token (or focus the table and use the arrow keys), a logical block, a table entry or a slot in the picture to trace it: its logical block, the block-table entry, the physical block and the slot light up, and its address and weight show. Click a physical block (or Tab to the pool and use the arrow keys) to list its owners." }),
     controls,
     legend([["var(--trace)", "orange, thick black outline: the traced token, its blocks and its path"],
             ["var(--seq)", "sky blue: a block of the selected sequence"],
@@ -213,6 +222,7 @@ function tokenPage(m) {
     goto.value = t === null || t === undefined ? "" : t;
     drawDetail(t);
     drawPicture(t);
+    explainToken(explainBody, m, m.sequences[state.seq], rowOf(t), t, m.headDim);
     const row = rowOf(t);
     if (row) showOwners(row.physical_block);
   }
@@ -293,10 +303,15 @@ function tokenPage(m) {
     for (let l = from; l < to; l++) {
       const i = l - from, x = (i % perRow) * (cw + gap), yy = y + Math.floor(i / perRow) * (2 * ch + 10);
       const on = l === lb;
-      svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell lblock" + (on ? " on" : ""), fill: "#fff", "data-logical": l }));
+      const lr = sv("rect", { x, y: yy, width: cw, height: ch, class: "cell lblock" + (on ? " on" : ""), fill: "#fff", "data-logical": l });
+      lr.append(sv("title", {}, `logical block ${l}: tokens ${l * bs} to ${Math.min(q.seqLen, (l + 1) * bs) - 1}${q.mass ? `; attention mass ${fmt(q.mass[l], 4)}` : ""} (click to trace its first token)`));
+      svg.append(lr);
       svg.append(sv("text", { x: x + 4, y: yy + 15 }, `L${l}`));
+      // the attention mass of the block (the weights of its tokens, summed; --json's coverage), as a bar along its bottom
+      if (q.mass) svg.append(sv("rect", { x: x + 1, y: yy + ch - 4, width: Math.max(0.5, (cw - 2) * q.mass[l] / q.massPeak), height: 3, class: "massbar", "data-mass": q.mass[l] }));
       const shared = new Set((owners.get(q.table[l]) || []).map((o) => o.seq)).size > 1;
       svg.append(sv("rect", { x, y: yy + ch, width: cw, height: ch, class: "cell tentry" + (on ? " on" : ""), fill: shared ? "var(--shared)" : "var(--seq)", "data-logical": l }));
+      for (const r of svg.querySelectorAll(`rect[data-logical="${l}"]`)) r.addEventListener("click", () => { const t0 = l * bs + (l === lb ? off : 0); drawTable(t0); select(t0, true); });
       svg.append(sv("text", { x: x + 4, y: yy + ch + 15 }, `${q.table[l]}`));
       lpos.set(l, [x + cw / 2, yy + 2 * ch]);
     }
@@ -351,7 +366,7 @@ function tokenPage(m) {
         const tok = lb * bs + s;
         const used = tok < q.seqLen;
         svg.append(sv("rect", { x, y: yy, width: cw, height: ch, class: "cell slot" + (s === off ? " on" : ""), fill: used ? "var(--seq)" : "#fff",
-          "data-block": phys, "data-slot": s, "aria-label": `slot ${s}${used ? `: token ${tok}` : ": empty"}` }));
+          "data-block": phys, "data-slot": s, "aria-label": `slot ${s}${used ? `: token ${tok}` : ": empty"}`, onclick: used ? () => { drawTable(tok); select(tok, true); } : null }));
         svg.append(sv("text", { x: x + 3, y: yy + 15 }, used ? `${tok}` : "·"));
       }
       const slotEnd = slotTop + Math.ceil(bs / perRow) * (ch + gap);
