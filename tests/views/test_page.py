@@ -443,3 +443,18 @@ def test_large_simulate_page_is_summarised(capsys, tmp_path):
     for s, (free, used, cached, shared) in zip(h["steps"], h["pool"]):  # vLLM: used = blocks some table holds
         assert used == s["used_blocks"] and free == s["free_blocks"] and cached is None and 0 <= shared <= used
     assert page.stat().st_size < 1_000_000
+
+
+def test_the_docs_page_sizes_are_made_not_typed(capsys, tmp_path):
+    """docs/pages.md's table of page sizes is bench/bench_page.py --sizes's: its first row is the worked
+    example's page as written now (a change to the page or its data asks for the table to be made again)."""
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "pages.md").read_text(encoding="utf-8")
+    table = text.split("<!-- page-sizes: written by python bench/bench_page.py --sizes -->")[1].split("<!-- /page-sizes -->")[0]
+    first = table.strip().splitlines()[2]
+    assert first.startswith("| the worked example |") and "`pagetrace run --html page.html`" in first
+    page = tmp_path / "page.html"
+    assert cli(capsys, "run", "--html", str(page))[0] == 0
+    said = int(first.split("|")[2].strip().replace(",", ""))
+    # within a few bytes: the document's time_s (and the backend's float digits) vary from run to run
+    assert abs(said - page.stat().st_size) <= 32, f"docs/pages.md says {said:,} bytes, the page is {page.stat().st_size:,}: python bench/bench_page.py --sizes writes them"

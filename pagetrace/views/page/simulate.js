@@ -152,7 +152,7 @@ function simulatePage(doc) {
     for (let k = 0; k < win.n; k++) {
       const b = win.from + k, st = blockState(b), x = (k % cols) * (cw + 1), yy = y + Math.floor(k / cols) * (cw + 1);
       if (st in counts) counts[st]++;
-      const r = sv("rect", { x, y: yy, width: cw, height: cw, class: "cell pool blk" + (b === state.block ? " on" : ""), fill: STATE_FILL[st], "data-block": b, "data-state": st, role: "button",
+      const r = sv("rect", { x, y: yy, width: cw, height: cw, class: "cell blk" + (b === state.block ? " on" : ""), fill: STATE_FILL[st], "data-block": b, "data-state": st, role: "button",
         "aria-label": `block ${b}: ${st}` });
       cells.push(r);
       svg.append(r);
@@ -251,6 +251,7 @@ function simulatePage(doc) {
   slider.addEventListener("input", () => { stop(); show(+slider.value); });
   prev.addEventListener("click", () => { stop(); show(Math.max(0, +slider.value - 1)); });
   next.addEventListener("click", () => { stop(); show(Math.min(steps.length - 1, +slider.value + 1)); });
+  app.prepend(explainSimulate());
   show(0);
 }
 
