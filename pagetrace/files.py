@@ -10,7 +10,8 @@ What a path may be, and how it is written:
 - `-`: stdout. Only one option may take it, and not together with `--json` (whose
   document is stdout).
 - a new path or a regular file: written to a temporary file beside it, then renamed over
-  it, so a reader never sees half a file and a failed write leaves the old file whole.
+  it, so a reader never sees half a file and a failed write leaves the old file whole; a
+  replaced file keeps its permissions (a new one gets 0666 less the umask).
 - a symbolic link: followed; what it points to is written by these rules (the link stays
   a link).
 - a FIFO or a character device (`/dev/null`, `/dev/stdout`, a terminal): written through,
@@ -178,13 +179,22 @@ def _stage(real: str, path: str, data: bytes) -> str:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _mode_for(real))
     except OSError as exc:
         _remove(tmp)
         raise RuntimeFailure(f"cannot write {path}: {exc.strerror or exc}") from None
     return tmp
+
+
+def _mode_for(real: str) -> int:
+    """The permissions a written file gets: those of the file it replaces (a 0600 file stays 0600),
+    or, for a new file, 0666 less the umask, as open() would give it."""
+    try:
+        return stat.S_IMODE(os.stat(real).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _remove(path: str) -> None:

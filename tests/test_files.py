@@ -278,3 +278,36 @@ def test_names_that_say_no_format_are_taken_as_given(tmp_path, capsys):
     code, _, err = cli(capsys, "lookup", "--svg", str(out))
     assert code == 0, err
     assert out.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_a_replaced_file_keeps_its_mode(tmp_path, mode):
+    """Replacing an output keeps the permissions of the file replaced (a 0600 page stayed 0644 before),
+    through a symbolic link too; a new file gets 0666 less the umask."""
+    target = tmp_path / "page.html"
+    target.write_bytes(b"old")
+    os.chmod(target, mode)
+    link = tmp_path / "link.html"
+    link.symlink_to(target)
+    files.write_outputs([(str(target), b"new")])
+    assert stat.S_IMODE(os.stat(target).st_mode) == mode and target.read_bytes() == b"new"
+    files.write_outputs([(str(link), b"again")])
+    assert stat.S_IMODE(os.stat(target).st_mode) == mode and link.is_symlink() and target.read_bytes() == b"again"
+    umask = os.umask(0o022)
+    try:
+        files.write_outputs([(str(tmp_path / "new.html"), b"x")])
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.html").st_mode) == 0o644
+
+
+@pytest.mark.parametrize("args, option", [(["run", "--html"], "page.html"), (["run", "--svg"], "map.svg"), (["simulate", "--requests", "5", "--chart"], "chart.svg")])
+def test_commands_keep_the_mode_of_the_file_they_replace(capsys, tmp_path, args, option):
+    from conftest import cli
+
+    out = tmp_path / option
+    out.write_text("old")
+    os.chmod(out, 0o600)
+    code, _, err = cli(capsys, *args, str(out))
+    assert code == 0, err
+    assert out.read_text() != "old" and stat.S_IMODE(os.stat(out).st_mode) == 0o600

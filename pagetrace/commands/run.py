@@ -100,9 +100,9 @@ def run(
     if html is not None and diagram_failure is None:
         try:
             from ..views.page import fixed_bytes
-            from ..views.page.run_data import run_page_doc
+            from ..views.page.run_data import run_page_doc, run_title
 
-            save_page(html, "run", run_page_doc(document, fixed_bytes()), f"pagetrace run: tokens {setup.tokens_text}, block size {setup.plan.block_size}", quiet=json_output)
+            save_page(html, "run", run_page_doc(document, fixed_bytes()), run_title(setup.plan.seq_lens, setup.plan.block_size), quiet=json_output)
         except RuntimeFailure as exc:
             diagram_failure = exc
     if json_output:

@@ -27,7 +27,12 @@ class TableHistory:
     changes: list[dict] = field(default_factory=list)  # per step: {"drop": [i], "add": [[i, blocks]], "set": [[i, blocks]]}
     pool: dict[int, tuple] = field(default_factory=dict)  # step index -> (free, used, cached, shared), every stride-th step
     stride: int = 1
+    # step index -> the blocks that gained a hash (or another one) and those that lost theirs since the last counted step,
+    # at the counted steps: with the tables, the page knows each block's state (cached = hashed, no table holds it)
+    hashes: dict[int, tuple[list, list]] = field(default_factory=dict)
     _last: dict[str, list[int]] = field(default_factory=dict)
+    _hashed: dict[int, int] = field(default_factory=dict)
+    _pending: tuple | None = None  # the hash changes of a dropped count, not yet carried onto a later one
 
     def record(self, policy) -> None:
         now = policy.req_to_blocks
@@ -52,10 +57,47 @@ class TableHistory:
         i = len(self.changes)
         self.changes.append(change)
         if i % self.stride == 0 and policy.pool.num_blocks <= EXACT_POOL_BLOCKS:
-            self.pool[i] = pool_states(policy.pool)
+            self._count(i, policy.pool)
             if len(self.pool) > 2 * self.keep:
                 self.stride *= 2
-                self.pool = {k: v for k, v in self.pool.items() if k % self.stride == 0}
+                drop = [k for k in self.pool if k % self.stride]
+                for k in drop:  # its hash changes move on to the next counted step
+                    del self.pool[k]
+                    added, lost = self.hashes.pop(k)
+                    later = min((j for j in self.hashes if j > k), default=None)
+                    if later is None:
+                        self._pending = (added, lost)
+                    else:
+                        self.hashes[later] = merge_hashes((added, lost), self.hashes[later])
+
+    def close(self, policy) -> None:
+        """After the run: the last step counted too (if it was not), so the page reaches it."""
+        last = len(self.changes) - 1
+        if last >= 0 and last not in self.pool and policy.pool.num_blocks <= EXACT_POOL_BLOCKS:
+            self._count(last, policy.pool)
+
+    def _count(self, i: int, pool) -> None:
+        self.pool[i] = pool_states(pool)
+        now = {b: h for b, h in enumerate(pool.block_hash) if h is not None and b}
+        before = self._hashed
+        added = [[b, h] for b, h in now.items() if before.get(b) != h]
+        lost = [b for b in before if b not in now]
+        self._hashed = now
+        if self._pending is not None:
+            added, lost = merge_hashes(self._pending, (added, lost))
+            self._pending = None
+        self.hashes[i] = (added, lost)
+
+
+def merge_hashes(first: tuple[list, list], then: tuple[list, list]) -> tuple[list, list]:
+    """Two hash changes, one after the other, as one."""
+    state: dict[int, object] = {}
+    for added, lost in (first, then):
+        for b in lost:
+            state[b] = None
+        for b, h in added:
+            state[b] = h
+    return [[b, h] for b, h in state.items() if h is not None], [b for b, h in state.items() if h is None]
 
 
 def pool_states(pool) -> tuple[int, int, int, int]:

@@ -202,6 +202,8 @@ def _simulate(requests, num_blocks, block_size, config, enable_caching, tables_a
                 f"request {head.request_id} needs {head.num_tokens} tokens of KV cache, more than the "
                 f"{plural(num_blocks - 1, 'usable block')} of {block_size} tokens hold"
             )
+    if record_history:
+        result.history.close(policy)  # the last step counted too, so the page's slider reaches it
     result.num_preemptions = sched.num_preemptions
     result.preempted_queries, result.preempted_hits = sched.preempted_queries, sched.preempted_hits
     result.causes = dict(sched.causes)

@@ -3,6 +3,11 @@
 Each result's class has a one-line method that calls a builder here, so nothing of this
 module loads until a notebook displays something. Small HTML: no script, no style sheet
 (inline styles only), never a whole tensor: long sequences show their first and last rows.
+
+A token's lookup (`TokenTrace`) also carries the interactive `--html` page, inline: an iframe whose
+`srcdoc` is the page `pagetrace lookup --html` writes (its script runs inside the sandboxed frame,
+its Content-Security-Policy still forbids any request). Where a viewer drops iframes or scripts
+(GitHub's, nbviewer's static render), the static table before it is what shows.
 """
 
 from __future__ import annotations
@@ -57,7 +62,16 @@ def token_trace_html(t) -> str:
         ["value: element, byte", f"{g.dtype}, {g.element_size} B each", f"{t.value.element_offset:,}, {t.value.byte_offset:,}"],
     ]
     title = f"token {loc.token}, block table {list(t.table)}, block size {bs}"
-    return table(["step", "arithmetic", "result"], steps, caption=title)
+    return table(["step", "arithmetic", "result"], steps, caption=title) + inline_page("lookup", t.to_json(), f"pagetrace lookup: token {loc.token}", 760)
+
+
+def inline_page(kind: str, doc: dict, title: str, height: int = 720) -> str:
+    """The `--html` page of `doc` inside an iframe (`srcdoc`, scripts allowed in its sandbox, nothing else)."""
+    from .page import page_bytes
+
+    page = page_bytes(kind, doc, title).decode("utf-8")
+    return (f'<iframe class="pagetrace-page" title="{escape(title)} (interactive)" sandbox="allow-scripts" '
+            f'style="width:100%;height:{height}px;border:1px solid #bbb;margin-top:8px" srcdoc="{escape(page, quote=True)}"></iframe>')
 
 
 def token_trace_text(t) -> str:

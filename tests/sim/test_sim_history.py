@@ -116,7 +116,8 @@ def one_request(steps, keep):
 ])
 def test_the_pool_stride_doubles_past_twice_keep_counts(steps, stride, counted):
     h = one_request(steps, 3)
-    assert len(h.changes) == steps and (h.stride, sorted(h.pool)) == (stride, counted)
+    last = [] if steps - 1 in counted else [steps - 1]  # close() counts the run's last step too (the page's slider reaches it)
+    assert len(h.changes) == steps and (h.stride, sorted(h.pool)) == (stride, counted + last)
     assert h.pool[0] == (6, 1, 0, 0)  # its one block of 16 tokens, of 7
 
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from browser import browser  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "examples" / "pagetrace.ipynb"
@@ -65,9 +66,9 @@ def test_simulate_result_shows_summary_and_chart():
     assert len(repr(r)) < 200
 
 
-def test_example_notebook_runs_and_shows_the_seed_numbers(tmp_path):
-
-
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """examples/pagetrace.ipynb, executed in a real python3 kernel, its outputs checked: (the notebook, its HTML outputs)."""
     missing = [m for m in ("nbformat", "nbclient", "ipykernel") if importlib.util.find_spec(m) is None]
     if missing:
         reason = f"{', '.join(missing)} not installed (pip install -e '.[page]'; ipykernel is the python3 kernel)"
@@ -93,9 +94,37 @@ def test_example_notebook_runs_and_shows_the_seed_numbers(tmp_path):
     assert "sequence 1: 100 keys" in html  # the GQA batch
     assert "<polyline" in html and "preemptions" in html  # the simulation
     assert svgs and "<svg" in svgs[0]  # the diagram
-    out = tmp_path / "executed.ipynb"
+    out = tmp_path_factory.mktemp("notebook") / "executed.ipynb"
     nbformat.write(nb, out)
     print(f"\nexecuted notebook: {out}")
+    return nb, html
+
+
+def test_example_notebook_runs_and_shows_the_seed_numbers(executed):
+    assert executed
+
+
+def test_the_notebook_shows_the_interactive_page_inline(browser, executed, tmp_path):
+    """The token's lookup in the executed notebook's HTML output: the static table, then the page in an
+    iframe; opened in Chromium, the frame draws token 20 in slot 4 of block 2, byte 1,152, and requests nothing."""
+    _, html = executed
+    assert html.index("20 // 16") < html.index("<iframe")  # the static table first: the fallback where frames are dropped
+    page = tmp_path / "outputs.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{html}</body></html>", encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    p = context.new_page()
+    requests, errors = [], []
+    p.on("request", lambda r: requests.append(r.url))
+    p.on("pageerror", lambda e: errors.append(str(e)))
+    p.goto(page.resolve().as_uri())
+    frame = p.frame_locator("iframe.pagetrace-page").first
+    frame.locator("body[data-ready='1']").wait_for(timeout=10_000)
+    slot = frame.locator("svg rect.slot.on")
+    assert (slot.get_attribute("data-block"), slot.get_attribute("data-slot")) == ("2", "4")
+    assert frame.locator("#d-key").get_attribute("data-byte") == "1152"
+    assert "What am I looking at" in frame.locator("#explain").inner_text()
+    assert errors == [] and [u for u in requests if not u.startswith(("file:", "about:"))] == []
+    context.close()
 
 
 def test_check_and_replay_reports_show_their_tables():

@@ -1,7 +1,7 @@
 """`--html FILE`: one self-contained page (script, style and data inline) for run, replay, simulate and lookup.
 
 The page's data is the command's own `--json` document (the same builder), so every number the
-page shows is one `--json` prints; the page's script (page.js) only lays it out and draws it.
+page shows is one `--json` prints; the page's script (SCRIPTS: common.js, tokens.js, ...) only lays it out and draws it.
 Nothing is fetched: no CDN, no font, no image; the file opens from disk with no network.
 
     check_page_path(html, others, json)   before any work (UsageError names --html)
@@ -12,6 +12,8 @@ Nothing is fetched: no CDN, no font, no image; the file opens from disk with no 
 from __future__ import annotations
 
 KINDS = ("run", "replay", "simulate", "lookup")
+# the page's script, one file per concern, joined in this order inside one function (its own scope)
+SCRIPTS = ("common.js", "tokens.js", "simulate.js", "lookup.js", "explain.js", "main.js")
 
 
 def _asset(name: str) -> str:
@@ -51,16 +53,21 @@ def page_bytes(kind: str, doc: dict, title: str) -> bytes:
     page = page.replace("{{title}}", escape(title))
     page = page.replace("{{style}}", _asset("page.css"))
     page = page.replace("{{kind}}", kind)
-    script = _asset("page.js")
+    script = _script()
     # the data and the script are put in last, so nothing inside them is ever taken for a placeholder
     head, _, tail = page.partition("{{data}}")
     head2, _, tail2 = tail.partition("{{script}}")
     return (head + _script_json(doc) + head2 + script + tail2).encode("utf-8")
 
 
+def _script() -> str:
+    """The page's script: SCRIPTS in order, in one strict-mode function, so nothing leaks to the window."""
+    return '(function () {\n"use strict";\n' + "\n".join(_asset(name) for name in SCRIPTS) + "})();\n"
+
+
 def fixed_bytes() -> int:
     """What a page costs besides its data: the template, the style and the script."""
-    return sum(len(_asset(name).encode("utf-8")) for name in ("page.html", "page.css", "page.js"))
+    return len(_asset("page.html").encode("utf-8")) + len(_asset("page.css").encode("utf-8")) + len(_script().encode("utf-8"))
 
 
 def write_page(path: str, kind: str, doc: dict, title: str) -> str:
