@@ -174,6 +174,20 @@ class ReplaySummary:
     def passed(self) -> bool:
         return all(r.passed for r in self.requests)
 
+    @property
+    def kernel_ran(self) -> bool:
+        """Whether pagetrace's Triton kernel ran (compiled or interpreted); `--backend auto`
+        picks the torch path on the CPU when the interpreter would take too long."""
+        return self.backend != "torch"
+
+    @property
+    def compared(self) -> str:
+        """What was held against what, naming only what ran: `kernel` or `torch path`, and the
+        engine's output only when the bundle stored it."""
+        ran = "kernel" if self.kernel_ran else "torch path"
+        engine = " = engine output" if any(r.vs_engine is not None for r in self.requests) else ""
+        return f"{ran} = contiguous attention{engine}"
+
     def _repr_html_(self) -> str:
         from ..views.notebook import replay_html
 
@@ -184,6 +198,8 @@ class ReplaySummary:
             "bundle": str(bundle),
             "layer": layer,
             "backend": self.backend,
+            "kernel_ran": self.kernel_ran,
+            "compared": self.compared,
             "cache_read": self.cache_read,
             "dtype": self.dtype,
             "tolerance": self.tolerance,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -342,7 +343,9 @@ def test_a_layer_the_model_lacks_refuses_to_start_in_one_line(model, tmp_path):
     with server(model, log, {"PAGETRACE_CAPTURE": str(tmp_path / "b"), "PAGETRACE_LAYERS": "0,5"}, expect_start=False) as (proc, port):
         proc.wait(timeout=120)
     assert proc.returncode == 1
-    lines = [x for x in log.read_text().splitlines() if "pagetrace" in x]
+    # pagetrace's own lines only: its messages start "pagetrace: " or "pagetrace guard: " (at the line's start or after
+    # vLLM's log prefix); a path that holds the word (a venv under a pagetrace checkout, named in vLLM's warnings) is not one
+    lines = [x for x in log.read_text().splitlines() if re.search(r"(^|\s)pagetrace( guard)?: ", x)]
     assert lines == ["pagetrace: refusing to start vLLM: invalid value for PAGETRACE_LAYERS: '0,5': layer 5 does not exist; the model has layers 0..1"]
     assert "Traceback" not in log.read_text() and not (tmp_path / "b").exists()
 
