@@ -31,7 +31,7 @@ def replay(
     html: HtmlOption = None,
 ) -> int:
     from ..engines.bundle import read_layer, read_manifest, read_step
-    from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
+    from ..engines.replay import ReplayRefused, refuse_violations, summarize
     from ..errors import RuntimeFailure, UsageError
     from ..views.diagram import check_output_paths
     from ..views.replay import mapping_view
@@ -44,10 +44,10 @@ def replay(
     manifest = read_manifest(bundle)
     st = read_step(bundle, manifest, step)
     try:
+        refuse_violations(manifest, st)  # before --token is read against the step's rows, and before a flagged step's missing query
         if layer is None and not st.layers:
             raise ReplayRefused(f"step {st.step} stored no layer; there is nothing to replay")
         layer = st.layers[0] if layer is None else layer
-        refuse_broken_tables(manifest, st)  # before --token is read against the step's rows
         r = st.request_index(request) if request is not None else 0
         first = st.seq_lens[r] - st.query_len(r)
         if token is None:

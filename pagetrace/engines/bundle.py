@@ -102,6 +102,7 @@ class Step:
     positions: list[int]
     blocks: list[int]  # physical blocks whose pages are stored
     dtypes: dict[str, str] = field(default_factory=dict)  # index tensor -> numpy dtype name
+    guard: dict | None = None  # the guard's record of a step it flagged (mode, violations, what it made safe, affected requests)
 
     @property
     def num_tokens(self) -> int:
@@ -291,7 +292,15 @@ def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -
         positions=arrays["positions"].tolist(),
         blocks=arrays["blocks"].tolist(),
         dtypes={name: str(arrays[name].dtype) for name in arrays},
+        guard=entry.get("guard") if isinstance(entry.get("guard"), dict) else None,
     )
+
+
+def stored_blocks(manifest: Manifest, step: Step) -> list[int]:
+    """The step's blocks whose pages the bundle holds, in their stored order: `blocks` lists
+    every block the step's tables and slots name, and one outside the pool (a bad entry the
+    guard flagged) has no page to store."""
+    return [b for b in step.blocks if 0 <= b < manifest.num_blocks]
 
 
 def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
@@ -309,13 +318,14 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
     prefix = f"layer{layer}."
     out = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
     pages = ("kv",) if manifest.layout.combined else ("key", "value")
-    stored = manifest.geometry(len(step.blocks))
+    count = len(stored_blocks(manifest, step))
+    stored = manifest.geometry(count)
     for name in pages:
         want = stored.raw_shape("key" if name == "kv" else name)
         if name not in out:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:
-            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {count} stored blocks needs {want}")
         if str(out[name].dtype) != TORCH_DTYPES[manifest.dtype]:
             raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; the manifest's kv_cache.dtype is {manifest.dtype}")
     if ("new_key" in out) != ("new_value" in out):  # the data check reads both

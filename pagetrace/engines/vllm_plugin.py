@@ -257,6 +257,7 @@ def _block_size(m) -> int:
     return _SESSION.recorder.block_size if _SESSION is not None else 16
 
 
+CLOSE_AT_MOST = 8  # flagged steps that each close their bundle
 _SESSION = None  # this process's Session (one model runner per process)
 
 
@@ -289,7 +290,7 @@ class Session:
         self.recorder.sink = self.sink
         self.tap = Tap(runner, self.recorder, guard=settings.guard, on_fire=self.on_fire, plants=settings.plants, log=self.logger.warning)
         self.bundles: list = []  # LiveBundle, the current one last
-        self.fired = False
+        self.fired = 0  # flagged steps so far
         self.busy = False
         self.pending: str | None = None  # a rotation asked for by a signal during a write
         self.dropped_told = 0
@@ -383,9 +384,14 @@ class Session:
         if self.settings.capture is None:
             self.logger.warning("pagetrace guard: step %d: no bundle written (set PAGETRACE_CAPTURE=PATH to keep the last steps)", step)
             return
-        if not self.fired:  # the first violation closes the bundle that holds it; later ones are logged
-            self.fired = True
+        # each flagged step closes the bundle that holds it (written before the forward, so a kernel
+        # that faults on the step leaves it whole); past CLOSE_AT_MOST the steps stay in the ring
+        self.fired += 1
+        if self.fired <= CLOSE_AT_MOST:
             self.rotate(f"guard, step {step}")
+        elif self.fired == CLOSE_AT_MOST + 1:
+            self.logger.warning("pagetrace guard: step %d: %d flagged steps closed their bundles; later ones are kept in %s's ring only",
+                                step, CLOSE_AT_MOST, self.bundles[-1].path)
 
 
 def _session(runner) -> Session:
