@@ -493,8 +493,8 @@ class Tap:
         stop = self.guard == "raise" or p.unsafe is not None
         engine = self.engine_ids(len(checked.requests))
         if rec.current is not None:
-            what = ("stopped before its forward pass" if stop else
-                    f"flagged before its forward pass, which then ran with {p.words()}; requests {', '.join(p.requests)}: output not trusted")
+            what = ("stopped by the guard before its forward pass" if stop else
+                    f"flagged by the guard before its forward pass, which then ran with {p.words()}; requests {', '.join(p.requests)}: output not trusted")
             rec.pages_now(f"{what}: cache pages as they were, no query, new K/V or output")
             rec.current["guard"] = {"mode": self.guard, "violations": [v.to_json() for v in found[:VIOLATIONS_KEPT]], "count": len(found),
                                     "made_safe": None if stop else p.to_json(), "affected": [engine[r] for r in p.rows]}

@@ -294,8 +294,9 @@ def test_a_planted_bad_table_entry_and_bad_slot_are_caught_at_their_steps(model,
         wait_for(log, "pagetrace guard: paused")
         os.kill(worker, signal.SIGUSR2)  # and resume it
         wait_for(log, "pagetrace guard: resumed")
-    second = manifest(tmp_path / "capture.bundle.2")
-    assert second["closed"] == "signal SIGUSR1" and second["steps"][0]["step"] >= table_step + 1
+    second, third = manifest(tmp_path / "capture.bundle.2"), manifest(tmp_path / "capture.bundle.3")
+    assert second["closed"] == f"guard, step {slot_step}" and second["steps"][0]["step"] == table_step + 1  # each flagged step closes its bundle
+    assert third["closed"] == "signal SIGUSR1" and third["steps"][0]["step"] == slot_step + 1
     assert "pagetrace guard: paused after step" in log.read_text() and "µs each" in log.read_text()
     lines = guard_lines(log)
     at = {int(line.split("step ")[1].split(" ")[0]) for line in lines}
@@ -318,6 +319,41 @@ def test_a_planted_bad_table_entry_and_bad_slot_are_caught_at_their_steps(model,
                            f"physical block {want[4]} · slot {want[5]} · byte {first['byte']}: "), line
     slot_line = next(x for x in lines if f"step {slot_step} " in x)
     assert " · slot · " in slot_line and "slot_mapping[0] = " in slot_line
+
+
+PLANTS = {20: ("table:0:0:5000000", "pool", 5_000_000), 30: (f"table:1:0:{NUM_BLOCKS}", "pool", NUM_BLOCKS), 40: ("table:0:0:-1", "pool", -1),
+          50: ("table:2:last:0", "null", 0), 60: ("slot:1:1000000", "slot", None)}
+
+
+def test_report_mode_makes_far_bad_entries_safe_and_the_server_goes_on(model, tmp_path, capsys):
+    """Report mode, entries far outside the pool, one past it, negative, the null block, a slot
+    a million past: each step's evidence is written and its bundle closed before the forward,
+    the entries made safe (the kernel never reads them), the server serves every request, and
+    `check` names the violation from the bundle while `replay` refuses the step."""
+    bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
+    plant = ",".join(f"{step}:{what}" for step, (what, _, _) in PLANTS.items())
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "report", "PAGETRACE_GUARD_PLANT": plant, "PAGETRACE_RING_MIB": "16"}
+    with server(model, log, env) as (proc, port):
+        results = load(port)
+        assert all(code == 200 for code, _ in results.values()), (results, log.read_text()[-3000:])
+        assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
+    text = log.read_text()
+    assert "Segmentation fault" not in text and "Segfault" not in text and "EngineCore encountered a fatal error" not in text
+    made_safe = [x[x.index("pagetrace guard: step "):] for x in text.splitlines() if "made safe before the forward" in x]
+    assert [int(x.split()[3].rstrip(":")) for x in made_safe] == sorted(PLANTS), made_safe
+    for n, (step, (what, check, block)) in enumerate(sorted(PLANTS.items())):
+        path = bundle if n == 0 else tmp_path / f"capture.bundle.{n + 1}"
+        m = manifest(path)
+        assert m["closed"] == f"guard, step {step}" and m["steps"][-1]["step"] == step, (path, m.get("closed"))
+        entry = m["steps"][-1]
+        assert entry["guard"]["mode"] == "report" and entry["guard"]["made_safe"]["requests"] and "flagged by the guard" in entry["note"]
+        code, out, err = cli(capsys, "check", str(path), "--step", str(step), "--json")
+        found = json.loads(out)["steps"][0]["violations"]
+        assert code == 1 and check in {v["check"] for v in found}, (step, err, found)
+        if block is not None:
+            assert any(v["check"] == check and v["physical_block"] == block for v in found), (step, found)
+        code, out, err = cli(capsys, "replay", str(path), "--step", str(step), "--backend", "torch")
+        assert code == 1 and f"step {step} (the guard flagged it): " in err and "replay cannot judge attention here" in err, err
 
 
 def test_raise_mode_stops_the_step_and_vllm_stops_the_engine(model, tmp_path):
