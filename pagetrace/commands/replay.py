@@ -19,7 +19,7 @@ ROWS = 24
 
 def replay(
     bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
-    step: Annotated[int | None, typer.Option(help="Step to replay (default: the bundle's first).")] = None,
+    step: Annotated[int | None, typer.Option(help="Step to replay (default: the bundle's first; with --request, the first that holds it).")] = None,
     layer: Annotated[int | None, typer.Option(help="Attention layer (default: the step's first).")] = None,
     request: Annotated[str | None, typer.Option(help="Request for the per-token table: its id, the id before '-', or its batch row (default: the first).")] = None,
     token: Annotated[int | None, typer.Option(help="Which new token of the request (its position; default: the last).")] = None,
@@ -42,7 +42,10 @@ def replay(
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     check_page_path(html, requested_outputs(svg, png, dot), json_output)
     manifest = read_manifest(bundle)
-    st = read_step(bundle, manifest, step)
+    from ..engines.bundle import step_for_request
+    from .output import stderr_console
+
+    st = read_step(bundle, manifest, step_for_request(manifest, step, request, lambda text: stderr_console().print(text, markup=False, soft_wrap=True)))
     try:
         refuse_violations(manifest, st)  # before --token is read against the step's rows, and before a flagged step's missing query
         if layer is None and not st.layers:

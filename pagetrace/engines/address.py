@@ -7,12 +7,14 @@ from ..errors import RuntimeFailure, UsageError
 from ..paging.blocks import locate
 from ..paging.layouts import runs_text, vector_address
 from ..paging.lookup import address_json
-from .bundle import read_manifest, read_step
+from .bundle import read_manifest, read_step, step_for_request
 
 
-def bundle_lookup(path: str, request: str, token: int, step: int | None = None, head: int = 0) -> dict:
+def bundle_lookup(path: str, request: str, token: int, step: int | None = None, head: int = 0, note=None) -> dict:
+    """One token's address in the engine's cache. Without `step`: the first step that holds the
+    request (`note`, when given, is told which steps hold it if that is not the bundle's first)."""
     manifest = read_manifest(path)
-    st = read_step(path, manifest, step)
+    st = read_step(path, manifest, step_for_request(manifest, step, request, note))
     r = st.request_index(request)
     n = st.seq_lens[r]
     if not 0 <= token < n:

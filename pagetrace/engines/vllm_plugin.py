@@ -163,12 +163,13 @@ class Settings:
                         f"the smallest step of this model (one token, one block per kept layer) is {need} bytes ({need / (1 << 20):.4f} MiB)")
         return None
 
-    def words(self) -> str:
+    def words(self, capture: str | None = None) -> str:
+        """The settings in one phrase; `capture`: the path this process writes (a rank's own, with TP)."""
         ring = f"ring {self.ring_mib:g} MiB"
         keep = f"steps {self.steps_text or 'all'}, layers {','.join(map(str, self.layers)) if self.layers is not None else 'all'}"
         if self.requests is not None:
             keep += f", requests {','.join(self.requests)}"
-        capture = f"capture to {self.capture} ({keep}, {ring})" if self.capture else "no capture"
+        capture = f"capture to {capture or self.capture} ({keep}, {ring})" if self.capture else "no capture"
         guard = f"guard {self.guard}" if self.guard else "no guard"
         return f"{guard}, {capture}"
 
@@ -308,7 +309,7 @@ class Session:
         m = self.recorder.meta
         proof = m["proof"]
         how = f"proven on {proof['writer']}" if proof.get("method") == "writer" else "read from the cache's strides"
-        self.logger.info("pagetrace: %s; rank %d of %d, %s, layout %s %s%s", self.settings.words(), self.rank, self.world_size, m["backend"],
+        self.logger.info("pagetrace: %s; rank %d of %d, %s, layout %s %s%s", self.settings.words(str(self.path()) if self.settings.capture else None), self.rank, self.world_size, m["backend"],
                          m["layout"], how, f" (isa {m['isa']})" if m.get("isa") else "")
         import signal
         import threading
