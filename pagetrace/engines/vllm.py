@@ -414,13 +414,14 @@ class Tap:
     warm-up passes call the model directly and are not seen). Counts the steps, runs the
     guard, and feeds the recorder.
 
-    guard: None, "raise" or "report". When the guard finds something, before the forward and
+    guard: None, "raise", "report" or "abort". When the guard finds something, before the forward and
     in every mode: the step is recorded (its index tensors whole, the pages of the in-pool
     blocks it names as they are now, the violations and what will be done) and handed to the
     recorder (the plugin writes it to the bundle on disk), and on_fire(violations, step) is
     called (the plugin closes that bundle). Then `raise` raises GuardStop; `report` makes the
     offending entries safe (`quarantine.py`), names the affected requests, runs the step, and
-    undoes the edits. plants: {step: [edit(metadata)]} change the metadata before the guard
+    undoes the edits; `abort` does as report, then fails the affected requests through vLLM's
+    scheduler (`choose_blocks`, `abort_blocks`). plants: {step: [edit(metadata)]} change the metadata before the guard
     sees it (tests plant bugs this way) and are undone after the pass.
     """
 
@@ -433,6 +434,8 @@ class Tap:
         self.installed = False
         self.fired: list = []  # every violation found, in order
         self.affected: list[tuple[int, list[str]]] = []  # (step, engine request ids whose output was not trusted)
+        self.to_fail: set[str] = set()  # abort: engine ids still to be failed through the scheduler
+        self.failing: set[int] = set()  # abort: this step's blocks to report (`abort_blocks`)
 
     def metadata(self):
         from vllm.forward_context import get_forward_context
@@ -473,6 +476,8 @@ class Tap:
             if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
                 n = int(m.num_actual_tokens)
                 self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])), force=bool(found))
+            if self.to_fail:
+                self.choose_blocks(m)
             if not found:
                 try:
                     return call(*args, **kwargs)
@@ -506,12 +511,71 @@ class Tap:
             raise GuardStop(f"pagetrace guard stopped step {step} before the kernel read it{why}: {first.check}: request {first.request} token {first.token}: {first.message}")
         restore = quarantine.apply(m, p)
         self.affected.append((step, [engine[r] for r in p.rows]))
+        if self.guard == "abort":
+            self.to_fail |= {engine[r] for r in p.rows}
+            self.choose_blocks(None, checked, p)
         self.log(f"pagetrace guard: step {step}: made safe before the forward ({p.words()}); requests {', '.join(p.requests)}: "
                  f"their output this step is not trusted; the step runs for everyone else")
         try:
             return call(*args, **kwargs)
         finally:
             restore()
+
+    def choose_blocks(self, m, checked=None, p=None) -> None:
+        """abort: for each request still to fail that this step holds, one block of its own that
+        vLLM's scheduler counts as computed (among its first (seq_len - query_len) / block_size
+        blocks: `_update_requests_with_invalid_blocks` looks only there), in no other request's
+        table and not an offending entry; reported with this step's output (`abort_blocks`). A
+        request with none yet (its first prefill chunk) waits for its next step."""
+        if checked is None:
+            checked = self.step_for_check(m, None, self.step)
+        engine = self.engine_ids(len(checked.requests))
+        bad = {(r, c) for r, c, _ in (p.table if p else [])}
+        bs, pool = self.recorder.block_size, self.recorder.meta["num_blocks"]
+        for r, eid in enumerate(engine):
+            if eid not in self.to_fail:
+                continue
+            qsl = checked.query_start_loc
+            computed = checked.seq_lens[r] - (qsl[r + 1] - qsl[r])
+            others = {b for rr, row in enumerate(checked.block_table) if rr != r for b in row[: -(-checked.seq_lens[rr] // bs)]}
+            row = checked.block_table[r]
+            for c in reversed(range(min(-(-computed // bs), len(row)))):
+                b = row[c]
+                if (r, c) not in bad and 0 < b < pool and b not in others and row.count(b) == 1:
+                    self.failing.add(b)
+                    self.to_fail.discard(eid)
+                    self.log(f"pagetrace guard: step {self.step}: request {eid} fails: its block {b} is reported to vLLM's scheduler as failed")
+                    break
+
+    def abort_blocks(self, out):
+        """abort: this step's chosen blocks into the ModelRunnerOutput's KVConnectorOutput
+        (`invalid_block_ids`, v1/outputs.py), the channel vLLM's scheduler reads for blocks that failed."""
+        if not self.failing or out is None:
+            return out
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        blocks, self.failing = self.failing, set()
+
+        def add(o):
+            import dataclasses
+
+            from vllm.v1 import outputs
+
+            if isinstance(o, ModelRunnerOutput):
+                if o is getattr(outputs, "EMPTY_MODEL_RUNNER_OUTPUT", None):  # vLLM's shared constant: never edited
+                    o = dataclasses.replace(o)
+                kv = o.kv_connector_output or KVConnectorOutput()
+                o.kv_connector_output = dataclasses.replace(kv, invalid_block_ids=set(kv.invalid_block_ids) | blocks)
+            return o
+
+        if isinstance(out, ModelRunnerOutput):
+            return add(out)
+        if hasattr(out, "get_output"):  # async scheduling: the output is made later
+            get = out.get_output
+            out.get_output = lambda: add(get())
+            return out
+        self.failing = blocks  # an output without the channel (pipeline parallel's intermediate): the next step's
+        return out
 
     def check(self, m, positions, step: int):
         """(violations, the step as `check` reads it): ([], None) when the verdict is clean."""

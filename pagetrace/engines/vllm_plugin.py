@@ -7,7 +7,8 @@ called from engine/arg_utils.py, v1/engine/core.py and v1/worker/worker_base.py
 `register` below. It does nothing, and imports nothing but `os`, unless one of these is set:
 
     PAGETRACE_CAPTURE=PATH       write the kept steps as a bundle at PATH (must not exist)
-    PAGETRACE_GUARD=raise|report run the guard on every step (raise: stop the step)
+    PAGETRACE_GUARD=raise|report|abort  run the guard on every step (raise: stop the step; report: make the
+                                 offending entries safe and go on; abort: as report, and fail the affected requests)
     PAGETRACE_STEPS=0-9,40000-   steps to keep (numbers and first-last ranges; default all)
     PAGETRACE_LAYERS=0,1         attention layers to keep (default all)
     PAGETRACE_REQUESTS=cmpl-a,.. keep only steps that hold one of these requests
@@ -68,7 +69,7 @@ def _trace_from_env(env) -> None:
     problem = problem_with(path)
     if problem:
         _refuse(f"invalid value for PAGETRACE_TRACE: {path!r}: {problem}")
-    PATCHES["vllm.v1.core.sched.scheduler"] = lambda module: _patch_scheduler(module, path, private == "1")
+    _add_patch("vllm.v1.core.sched.scheduler", lambda module: _patch_scheduler(module, path, private == "1"))
     _hook_imports()
 
 
@@ -111,8 +112,9 @@ class Settings:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise UsageError("PAGETRACE_CAPTURE", capture, f"its folder {str(parent)!r} is not writable")
         guard = env.get("PAGETRACE_GUARD") or None
-        if guard is not None and guard not in ("raise", "report"):
-            raise UsageError("PAGETRACE_GUARD", guard, "choose raise (stop the step) or report (log and go on)")
+        if guard is not None and guard not in ("raise", "report", "abort"):
+            raise UsageError("PAGETRACE_GUARD", guard, "choose raise (stop the step), report (make it safe, log and go on) or abort (as report, "
+                                                       "and fail the affected requests)")
         steps_text = env.get("PAGETRACE_STEPS") or None
         steps = parse_steps(steps_text) if steps_text else None
         layers = parse_layers(env["PAGETRACE_LAYERS"]) if env.get("PAGETRACE_LAYERS") else None
@@ -423,6 +425,14 @@ def patch_runner(module) -> None:
         return session.tap.forward(lambda *a, **k: forward(self, *a, **k), *args, **kwargs)
 
     cls.initialize_kv_cache, cls._model_forward = initialize_kv_cache, _model_forward
+    if hasattr(cls, "sample_tokens"):  # where vLLM 0.32 builds the step's ModelRunnerOutput (v1/worker/gpu_model_runner.py)
+        sample = cls.sample_tokens
+
+        def sample_tokens(self, *args, **kwargs):
+            out = sample(self, *args, **kwargs)
+            return _session(self).tap.abort_blocks(out) if _SESSION is not None else out
+
+        cls.sample_tokens = sample_tokens
     cls._pagetrace_patched = True
 
 
@@ -450,11 +460,41 @@ def _install(settings: Settings) -> None:
     global SETTINGS
     SETTINGS = settings
     patch_engine_args(settings)
-    PATCHES[TARGET] = patch_runner
+    _add_patch(TARGET, patch_runner)
+    if settings.guard == "abort":
+        _add_patch("vllm.v1.core.sched.scheduler", patch_scheduler_to_fail)
     _hook_imports()
 
 
 PATCHES: dict = {}  # module name -> what patches it once it is imported
+
+
+def _add_patch(name: str, patch) -> None:
+    """One more patch of a module (the trace and the guard's abort both patch the scheduler's)."""
+    before = PATCHES.get(name)
+    PATCHES[name] = patch if before is None else (lambda module: (before(module), patch(module)))
+
+
+def patch_scheduler_to_fail(module) -> None:
+    """PAGETRACE_GUARD=abort, in the engine core: the worker reports each affected request's own
+    block through vLLM's channel for blocks that failed (`KVConnectorOutput.invalid_block_ids` in
+    the ModelRunnerOutput, `Tap.abort_blocks`); the scheduler maps those blocks to the running
+    requests that hold them (v1/core/sched/scheduler.py `_handle_invalid_blocks`) and, with
+    `recompute_kv_load_failures` off (the policy `kv_load_failure_policy="fail"` of a KV
+    transfer config sets), finishes them with FINISHED_ERROR and evicts their blocks from the
+    prefix cache; the others' steps go on. Without a KV connector vLLM leaves that policy on
+    "recompute" (Scheduler.__init__), so it is turned off here once the scheduler is built."""
+    cls = module.Scheduler
+    if getattr(cls, "_pagetrace_fails", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.recompute_kv_load_failures = False
+
+    cls.__init__ = __init__
+    cls._pagetrace_fails = True
 
 
 def _hook_imports() -> None:

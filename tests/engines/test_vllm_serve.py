@@ -356,6 +356,28 @@ def test_report_mode_makes_far_bad_entries_safe_and_the_server_goes_on(model, tm
         assert code == 1 and f"step {step} (the guard flagged it): " in err and "replay cannot judge attention here" in err, err
 
 
+def test_abort_mode_fails_exactly_the_planted_request_and_the_server_goes_on(model, tmp_path, capsys):
+    """Abort mode, an entry far outside the pool in row 0 at step 20: the step is made safe as in
+    report, and the request of that row is failed through vLLM's scheduler (its block reported in
+    KVConnectorOutput.invalid_block_ids): exactly that request gets an error, the other five
+    their 150 tokens, and the server answers the next request."""
+    bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "abort", "PAGETRACE_GUARD_PLANT": "20:table:0:0:5000000", "PAGETRACE_RING_MIB": "16"}
+    with server(model, log, env) as (proc, port):
+        results = load(port)
+        assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
+    text = log.read_text()
+    fails = re.findall(r"pagetrace guard: step \d+: request (\S+) fails: its block \d+ is reported", text)
+    assert len(fails) == 1, text[-3000:]
+    planted = fails[0].rsplit("-", 2)[0]  # cmpl-loadN-0-<8 hex> -> cmpl-loadN
+    failed = {i for i, (code, _) in results.items() if code != 200}
+    assert failed == {int(planted.removeprefix("cmpl-load"))}, (planted, results)
+    assert all(len(doc["choices"][0]["token_ids"]) == MAX_TOKENS for i, (code, doc) in results.items() if i not in failed)
+    m = manifest(bundle)
+    assert m["closed"] == "guard, step 20" and m["steps"][-1]["guard"]["mode"] == "abort"
+    assert m["steps"][-1]["guard"]["affected"][0].startswith(planted + "-")
+
+
 def test_raise_mode_stops_the_step_and_vllm_stops_the_engine(model, tmp_path):
     """A table entry outside the pool, planted at step 20: the guard raises before the kernel
     reads it. vLLM treats any exception in the model runner as fatal (v1/engine/core.py,
