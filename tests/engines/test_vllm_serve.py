@@ -165,8 +165,8 @@ def wait_for(log: Path, text: str, timeout: float = 30) -> None:
 
 
 def guard_lines(log: Path) -> list[str]:
-    """The guard's violation lines (not its paused/resumed lines)."""
-    return [line[line.index("pagetrace guard: step "):] for line in log.read_text().splitlines() if "pagetrace guard: step " in line]
+    """The guard's violation lines (`pagetrace guard: step N · check · ...`; not its paused/resumed or made-safe lines)."""
+    return [line[line.index("pagetrace guard: step "):] for line in log.read_text().splitlines() if re.search(r"pagetrace guard: step \d+ · ", line)]
 
 
 def manifest(bundle: Path) -> dict:
@@ -435,3 +435,8 @@ def test_tensor_parallel_2_writes_one_bundle_per_rank(model, tmp_path, capsys):
         doc = json.loads(out)
         assert code == 0 and doc["passed"] and all(r["max_diff_engine"] <= BF16_TOL for r in doc["requests"]), doc
     assert not bundle.exists()
+    text = log.read_text()
+    for rank in (0, 1):  # each rank's log line names the bundle it writes
+        assert f"capture to {tmp_path}/capture.bundle.rank{rank} (" in text and f"rank {rank} of 2" in text
+    code, out, err = cli(capsys, "check", str(bundle), "--no-data")  # the base path: the rank bundles to choose from
+    assert code == 2 and f"{bundle}.rank0, {bundle}.rank1; name one" in err, err
