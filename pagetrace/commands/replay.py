@@ -47,10 +47,10 @@ def replay(
 
     st = read_step(bundle, manifest, step_for_request(manifest, step, request, lambda text: stderr_console().print(text, markup=False, soft_wrap=True)))
     try:
+        layer = st.layers[0] if layer is None and st.layers else layer
         refuse_violations(manifest, st)  # before --token is read against the step's rows, and before a flagged step's missing query
-        if layer is None and not st.layers:
+        if layer is None:
             raise ReplayRefused(f"step {st.step} stored no layer; there is nothing to replay")
-        layer = st.layers[0] if layer is None else layer
         r = st.request_index(request) if request is not None else 0
         first = st.seq_lens[r] - st.query_len(r)
         if token is None:
