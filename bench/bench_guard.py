@@ -3,6 +3,7 @@
     python bench/bench_guard.py --step              # per-step µs, batch 1..256 x context 512..32k
     python bench/bench_guard.py --serve             # throughput of a bounded load, guard off then on
     python bench/bench_guard.py --step --quick      # a smaller grid
+    python bench/bench_guard.py --pools             # per step at pools of 10k, 100k, 1M blocks: sorted vs the old bins
 
 Per step: `pagetrace.engines.guard.verdict` on a decode step of R requests with C tokens of
 context each (block size 16, vLLM's GPU default; a pool of exactly the blocks used + the
@@ -84,6 +85,63 @@ def bench_step(sizes, contexts, repeat: int) -> list[dict]:
             us = statistics.median(times) * 1e6
             rows.append({"requests": r, "context": c, "table_entries": r * table.shape[1], "pool_blocks": num_blocks, "us": us})
             print(f"R={r:4d}  context={c:6d}  entries={r * table.shape[1]:8d}  pool={num_blocks:7d}  {us:9.1f} µs", flush=True)
+    return rows
+
+
+def pool_step(requests: int, context: int, pool: int):
+    """A decode step like `decode_step`, its blocks drawn at random from a pool of `pool` blocks
+    (a real server's pool is far bigger than one step's tables)."""
+    import torch
+
+    per = -(-context // BS)
+    shared = per // 2
+    need = shared + requests * (per - shared)
+    if need >= pool:
+        raise SystemExit(f"a pool of {pool} blocks cannot hold the step's {need} blocks")
+    gen = torch.Generator().manual_seed(pool)
+    ids = (torch.randperm(pool - 1, generator=gen)[:need] + 1).to(torch.int32)
+    table = torch.cat([ids[:shared].expand(requests, shared), ids[shared:].view(requests, per - shared)], dim=1).contiguous()
+    lens = torch.full((requests,), context, dtype=torch.int32)
+    qsl = torch.arange(requests + 1, dtype=torch.int32)
+    pos = lens.to(torch.int64) - 1
+    slots = table[torch.arange(requests), pos // BS].to(torch.int64) * BS + pos % BS
+    return qsl, lens, table, slots, pos
+
+
+def median_us(fn, repeat: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def bench_pools(pools, shapes, repeat: int) -> list[dict]:
+    """Today's verdict (the sharing check sorts the table's entries) against the old one (a bin
+    per block of the pool, bench/guard_bins.py), on the same step, in the same run."""
+    import torch
+
+    from pagetrace.engines.guard import verdict
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from guard_bins import verdict_bins
+
+    torch.set_num_threads(1)
+    rows = []
+    for r, c in shapes:
+        for pool in pools:
+            qsl, lens, table, slots, pos = pool_step(r, c, pool)
+            args = (qsl, lens, table, slots)
+            kw = dict(block_size=BS, num_blocks=pool, positions=pos, num_tokens=r)
+            assert verdict(*args, **kw) and verdict_bins(*args, **kw), "the benchmark's step must be clean"
+            new = median_us(lambda: verdict(*args, **kw), repeat)
+            old = median_us(lambda: verdict_bins(*args, **kw), repeat)
+            rows.append({"requests": r, "context": c, "pool_blocks": pool, "sorted_us": new, "bins_us": old, "ratio": new / old})
+            print(f"R={r:4d}  context={c:6d}  entries={r * table.shape[1]:7d}  pool={pool:8d}  sorted {new:8.1f} µs  bins {old:8.1f} µs  "
+                  f"sorted/bins {new / old:5.2f}", flush=True)
     return rows
 
 
@@ -195,12 +253,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", action="store_true", help="the per-step cost on CPU tensors")
     parser.add_argument("--serve", action="store_true", help="throughput of a live server, guard off and on")
+    parser.add_argument("--pools", action="store_true", help="per step at pools of 10k, 100k and 1M blocks, against the old bin-per-block check")
     parser.add_argument("--quick", action="store_true", help="a smaller grid / load")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=8, help="off/on pairs of loads against the one server")
     args = parser.parse_args()
-    if not (args.step or args.serve):
+    if not (args.step or args.serve or args.pools):
         args.step = True
+    if args.pools:
+        shapes = [(16, 2048)] if args.quick else [(16, 2048), (64, 2048), (256, 512)]
+        bench_pools([10_000, 100_000, 1_000_000], shapes, args.repeat)
     if args.step:
         sizes = [1, 16, 256] if args.quick else [1, 4, 16, 64, 256]
         contexts = [512, 8192] if args.quick else [512, 2048, 8192, 32768]

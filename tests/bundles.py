@@ -48,11 +48,13 @@ def engine_buffer(name: str, k: torch.Tensor, v: torch.Tensor):
 SHARED = 8  # two full blocks of 4 shared by both requests
 
 
-def write_bundle(path, layout: str = "vllm-cpu", sharing: str = "full-blocks"):
-    """Step 0: request a prefills 11 tokens, b decodes its token 9; tables share blocks 3, 5."""
+def write_bundle(path, layout: str = "vllm-cpu", sharing: str = "full-blocks", tables=None):
+    """Step 0: request a prefills 11 tokens, b decodes its token 9; tables share blocks 3, 5
+    (`tables`: others, e.g. one block each when a block of BS slots holds all 11 tokens: a
+    partly filled block is never shared)."""
     torch.manual_seed(1)
     k, v = torch.randn(NB, BS, H, D), torch.randn(NB, BS, H, D)
-    tables = [[3, 5, 1], [3, 5, 4]]
+    tables = tables or [[3, 5, 1], [3, 5, 4]]
     lens, qlens = [11, 10], [11, 1]
     qsl = [0, 11, 12]
     positions = list(range(11)) + [9]
@@ -75,7 +77,7 @@ def write_bundle(path, layout: str = "vllm-cpu", sharing: str = "full-blocks"):
     })
     tensors = {
         "query_start_loc": torch.tensor(qsl, dtype=torch.int32), "seq_lens": torch.tensor(lens, dtype=torch.int32),
-        "block_table": torch.tensor([t + [0] for t in tables], dtype=torch.int32), "block_counts": torch.tensor([3, 3], dtype=torch.int32),
+        "block_table": torch.tensor([t + [0] for t in tables], dtype=torch.int32), "block_counts": torch.tensor([len(t) for t in tables], dtype=torch.int32),
         "slot_mapping": torch.tensor(slots + [-1, -1], dtype=torch.int64), "positions": torch.tensor(positions, dtype=torch.int64),
         "blocks": blocks, "layer0.query": torch.randn(12, 4, D) * 3, "layer0.new_key": new_k, "layer0.new_value": new_v,
         **{f"layer0.{n}": t for n, t in store.items()},

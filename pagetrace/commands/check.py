@@ -43,7 +43,8 @@ def check(
             "layout": manifest.layout.name,
             "passed": total == 0,
             "steps": [
-                {"step": st.step, "requests": st.requests, "tokens": st.num_tokens, "violations": [v.to_json() for v in found]}
+                {"step": st.step, "requests": st.requests, "tokens": st.num_tokens, "violations": [v.to_json() for v in found],
+                 **({"guard": st.guard} if st.guard else {})}
                 for st, found in results
             ],
         })
@@ -65,6 +66,8 @@ def check(
             console.print(f"{head}: clean" + (f" (data checked on {'layer' if len(st.layers) == 1 else 'layers'} {', '.join(map(str, st.layers))})" if data else ""), markup=False)
             continue
         console.print(f"{head}: {len(found)} violation{'s' if len(found) > 1 else ''}", markup=False)
+        if st.guard:
+            console.print(guard_words(st.guard), markup=False, soft_wrap=True)
         table = Table(box=None, pad_edge=False)
         for col in ("check", "request", "token", "logical", "physical", "slot", "byte", "what"):
             table.add_column(col, justify="right" if col in ("token", "logical", "physical", "slot", "byte") else "left")
@@ -76,3 +79,15 @@ def check(
             console.print(f"... and {len(found) - SHOWN} more (--json lists all)")
     console.print("passed: every invariant holds" if total == 0 else f"failed: {total} violation{'s' if total > 1 else ''}", markup=False)
     return 0 if total == 0 else 1
+
+
+def guard_words(guard: dict) -> str:
+    """One line: what the guard did at a step it flagged (the step's manifest entry)."""
+    affected = ", ".join(guard.get("affected") or []) or "none named"
+    if guard.get("made_safe"):
+        safe = guard["made_safe"]
+        done = (f"made safe before the forward ({len(safe.get('table_entries', []))} table entries to the null block, "
+                f"{len(safe.get('slots', []))} slots to the padding slot), the step ran")
+    else:
+        done = "the step was stopped before its forward"
+    return f"  flagged by the guard ({guard.get('mode')}): {done}; requests not trusted at this step: {affected}"

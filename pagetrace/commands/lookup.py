@@ -57,7 +57,7 @@ def lookup(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
     from_bundle: Annotated[str | None, typer.Option("--from", help="Capture bundle: address the token in that engine's real cache (with --request).")] = None,
     request: Annotated[str | None, typer.Option(help="With --from: the request (its id, the id before '-', or its batch row).")] = None,
-    step: Annotated[int | None, IntOption(help="With --from: the captured step (default: the first).")] = None,
+    step: Annotated[int | None, IntOption(help="With --from: the captured step (default: the first that holds --request).")] = None,
     html: HtmlOption = None,
 ) -> None:
     from ..views.diagram import check_output_paths
@@ -74,7 +74,9 @@ def lookup(
             if value is not None:  # the bundle has its own tables: draw them with `pagetrace replay --svg`
                 raise UsageError(option, value, "is not drawn with --from; `pagetrace replay BUNDLE --svg FILE` draws a bundle's tables")
         check_page_path(html, None, json_output)
-        document = bundle_lookup(from_bundle, request, token, step, head)
+        from .output import stderr_console
+
+        document = bundle_lookup(from_bundle, request, token, step, head, note=lambda text: stderr_console().print(text, markup=False, soft_wrap=True))
         if html is not None:
             save_page(html, "lookup", document, f"pagetrace lookup: request {document['request']} token {token}, {document['layout']}", quiet=json_output)
         if json_output:

@@ -20,7 +20,7 @@ ROWS = 24
 
 def replay(
     bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
-    step: Annotated[int | None, IntOption(help="Step to replay (default: the bundle's first).")] = None,
+    step: Annotated[int | None, IntOption(help="Step to replay (default: the bundle's first; with --request, the first that holds it).")] = None,
     layer: Annotated[int | None, IntOption(help="Attention layer (default: the step's first).")] = None,
     request: Annotated[str | None, typer.Option(help="Request for the per-token table: its id, the id before '-', or its batch row (default: the first).")] = None,
     token: Annotated[int | None, IntOption(help="Which new token of the request (its position; default: the last).")] = None,
@@ -32,7 +32,7 @@ def replay(
     html: HtmlOption = None,
 ) -> int:
     from ..engines.bundle import read_layer, read_manifest, read_step
-    from ..engines.replay import ReplayRefused, refuse_broken_tables, summarize
+    from ..engines.replay import ReplayRefused, refuse_violations, summarize
     from ..errors import RuntimeFailure, UsageError
     from ..views.diagram import check_output_paths
     from ..views.replay import mapping_view
@@ -43,12 +43,15 @@ def replay(
     check_output_paths(svg, png, dot, json=json_output)  # before any work
     check_page_path(html, requested_outputs(svg, png, dot), json_output)
     manifest = read_manifest(bundle)
-    st = read_step(bundle, manifest, step)
+    from ..engines.bundle import step_for_request
+    from .output import stderr_console
+
+    st = read_step(bundle, manifest, step_for_request(manifest, step, request, lambda text: stderr_console().print(text, markup=False, soft_wrap=True)))
     try:
-        if layer is None and not st.layers:
+        layer = st.layers[0] if layer is None and st.layers else layer
+        refuse_violations(manifest, st)  # before --token is read against the step's rows, and before a flagged step's missing query
+        if layer is None:
             raise ReplayRefused(f"step {st.step} stored no layer; there is nothing to replay")
-        layer = st.layers[0] if layer is None else layer
-        refuse_broken_tables(manifest, st)  # before --token is read against the step's rows
         r = st.request_index(request) if request is not None else 0
         first = st.seq_lens[r] - st.query_len(r)
         if token is None:

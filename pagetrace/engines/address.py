@@ -7,12 +7,14 @@ from ..errors import RuntimeFailure, UsageError
 from ..paging.blocks import locate
 from ..paging.layouts import runs_text, vector_address
 from ..paging.lookup import address_json
-from .bundle import read_manifest, read_step
+from .bundle import read_manifest, read_step, step_for_request
 
 
-def bundle_lookup(path: str, request: str, token: int, step: int | None = None, head: int = 0) -> dict:
+def bundle_lookup(path: str, request: str, token: int, step: int | None = None, head: int = 0, note=None) -> dict:
+    """One token's address in the engine's cache. Without `step`: the first step that holds the
+    request (`note`, when given, is told which steps hold it if that is not the bundle's first)."""
     manifest = read_manifest(path)
-    st = read_step(path, manifest, step)
+    st = read_step(path, manifest, step_for_request(manifest, step, request, note))
     r = st.request_index(request)
     n = st.seq_lens[r]
     if not 0 <= token < n:
@@ -22,10 +24,12 @@ def bundle_lookup(path: str, request: str, token: int, step: int | None = None, 
     bs = manifest.block_size
     table = st.block_table[r][: -(-n // bs)]
     loc = locate(token, table, bs)
+    here = violations_at(manifest, st, r, token)
     if not 0 <= loc.physical_block < manifest.num_blocks:  # an address outside the cache is no answer
+        named = "".join(f"; {v.check} violation: {v.message}" for v in here)
         raise RuntimeFailure(
             f"request {st.requests[r]} token {token}: block_table[{loc.logical_block}] = {loc.physical_block} is outside "
-            f"the pool of {manifest.num_blocks} blocks in step {st.step}; `pagetrace check {path}` lists every violation"
+            f"the pool of {manifest.num_blocks} blocks in step {st.step}{named}; `pagetrace check {path} --step {st.step}` lists every violation"
         )
     geom = manifest.geometry()
 
@@ -60,7 +64,20 @@ def bundle_lookup(path: str, request: str, token: int, step: int | None = None, 
         "head": head,
         "key": address("key"),
         "value": address("value"),
+        "violations": [v.to_json() for v in here],
+        **({"guard": st.guard} if st.guard else {}),
     }
+
+
+def violations_at(manifest, st, r: int, token: int) -> list:
+    """`check`'s index violations of the step at this request's token: at the token itself, or
+    at the table entry (logical block) that holds it."""
+    from .check import Checker
+
+    checker = Checker(manifest, st)
+    checker.run()
+    name, logical = st.requests[r], token // manifest.block_size
+    return [v for v in checker.found if v.request == name and (v.token == token or (v.logical_block == logical and v.check in ("pool", "null", "stored", "sharing")))]
 
 
 def render_bundle_lookup(doc: dict) -> str:
@@ -78,4 +95,6 @@ def render_bundle_lookup(doc: dict) -> str:
             f"    {which} (KV head {doc['head']}) at element {a['element_offset']} = byte {a['byte_offset']} of the {a['buffer']} buffer; "
             f"{a['formula']}; {how}"
         )
+    for v in doc.get("violations", []):
+        lines.append(f"    {v['check']} violation at this token (step {doc['step']}): {v['message']}")
     return "\n".join(lines)

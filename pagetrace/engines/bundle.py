@@ -102,6 +102,7 @@ class Step:
     positions: list[int]
     blocks: list[int]  # physical blocks whose pages are stored
     dtypes: dict[str, str] = field(default_factory=dict)  # index tensor -> numpy dtype name
+    guard: dict | None = None  # the guard's record of a step it flagged (mode, violations, what it made safe, affected requests)
 
     @property
     def num_tokens(self) -> int:
@@ -111,17 +112,75 @@ class Step:
         return self.query_start_loc[r + 1] - self.query_start_loc[r]
 
     def request_index(self, request: str, option: str = "--request") -> int:
-        """A request by its id, by the part of it the client knows (vLLM appends '-' and a
-        random suffix to the id it is given: `0-92bb6aed`, `cmpl-3f0c...-0-1a2b3c4d`; so `0`,
-        `cmpl-3f0c...-0` or, for a one-prompt completion, `cmpl-3f0c...`), or by its row."""
+        """A request by its id, by the part of it the client knows (`names_request`), or by its
+        row. A name that fits several (the samples of an n > 1 request) is refused naming them."""
         if request in self.requests:
             return self.requests.index(request)
-        short = [i for i, r in enumerate(self.requests) if r.startswith(request + "-")]
-        if len(short) == 1:
-            return short[0]
+        found = [i for i, r in enumerate(self.requests) if names_request(request, r)]
+        if len(found) == 1:
+            return found[0]
+        samples = [i for i in found if self.requests[i].partition("_")[0].isdigit() and "_" in self.requests[i]]
+        if len(found) > 1 and samples == found:
+            raise UsageError(option, request, f"names {len(found)} requests of step {self.step} (the samples of an n > 1 request): "
+                                              f"{', '.join(self.requests[i] for i in found)}; name one")
         if request.isdigit() and int(request) < len(self.requests):
             return int(request)
         raise UsageError(option, request, f"step {self.step} holds requests {', '.join(self.requests)}")
+
+
+OPENAI_PREFIXES = ("cmpl-", "chatcmpl-")  # vLLM's OpenAI server: f"cmpl-{X-Request-Id or a uuid}" (entrypoints/openai/completion/serving.py)
+
+
+def names_request(name: str, engine_id: str) -> bool:
+    """Whether a client's name for a request names this engine id. vLLM's ids, as installed
+    (vllm 0.32): the OpenAI server makes `cmpl-<id>` (chat: `chatcmpl-<id>`), <id> the
+    client's X-Request-Id header when it sends one (entrypoints/serve/engine/serving.py,
+    `_base_request_id`), then `-<prompt index>`; the engine appends `-` and 8 random hex
+    characters (v1/engine/input_processor.py, `assign_request_id`); an n > 1 request's samples
+    are `<k>_<parent id>` (v1/engine/parallel_sampling.py, `get_child_info`). So `cmpl-x-0-1a2b3c4d`
+    is named by itself, `cmpl-x-0`, `cmpl-x` and the X-Request-Id `x`, and `1_cmpl-w2-0-...` also by
+    its parent's `cmpl-w2`."""
+    forms = [engine_id]
+    head, sep, rest = engine_id.partition("_")
+    if sep and head.isdigit():
+        forms.append(rest)  # the parent's id
+    for form in list(forms):
+        forms += [form[len(p):] for p in OPENAI_PREFIXES if form.startswith(p)]  # the X-Request-Id
+    return any(f == name or f.startswith(name + "-") for f in forms)
+
+
+def steps_holding(manifest: "Manifest", request: str) -> list[int]:
+    """The steps whose requests a client's name fits (from the manifest alone: no step file read)."""
+    return [s["step"] for s in manifest.steps if any(r == request or names_request(request, r) for r in s["requests"])]
+
+
+def step_for_request(manifest: "Manifest", step: int | None, request: str | None, note=None) -> int | None:
+    """The step to read: `step` when given; else the first step when it holds the request (or no
+    request is named); else the first that holds it, with `note` told the list. None of them: refused."""
+    if step is not None or request is None or not manifest.steps:
+        return step
+    first = manifest.steps[0]
+    if any(r == request or names_request(request, r) for r in first["requests"]) or (request.isdigit() and int(request) < len(first["requests"])):
+        return None
+    holding = steps_holding(manifest, request)
+    if not holding:
+        raise UsageError("--request", request, f"no step of the bundle holds it; step {first['step']} holds requests {', '.join(first['requests'])}")
+    if note is not None:
+        note(f"request {request} is in {'step' if len(holding) == 1 else 'steps'} {ranges_text(holding)} of this bundle; "
+             f"reading step {holding[0]} (--step picks another)")
+    return holding[0]
+
+
+def ranges_text(numbers: list[int]) -> str:
+    """[3, 4, 5, 9] -> `3-5, 9`."""
+    out, start = [], None
+    for i, n in enumerate(numbers):
+        if start is None:
+            start = n
+        if i + 1 == len(numbers) or numbers[i + 1] != n + 1:
+            out.append(str(start) if start == n else f"{start}-{n}")
+            start = None
+    return ", ".join(out)
 
 
 def _get(doc: dict, key: str, kind, file, prefix: str = "", optional: bool = False):
@@ -144,6 +203,10 @@ def read_manifest(path: str | Path) -> Manifest:
     folder = Path(path)
     file = folder / "manifest.json"
     if not folder.is_dir():
+        beside = sorted(folder.parent.glob(f"{folder.name}.rank*")) if folder.parent.is_dir() and not folder.exists() else []
+        if beside:  # the server plugin with tensor parallelism: one bundle per rank, PATH.rank<r> (and PATH.rank<r>.2, ... after a rotation)
+            raise UsageError("BUNDLE", str(path), f"is not a folder; with tensor parallelism each rank wrote its own bundle: "
+                                                  f"{', '.join(str(p) for p in beside)}; name one")
         raise UsageError("BUNDLE", str(path), "is not a folder; a capture bundle is a folder with manifest.json")
     try:
         doc = json.loads(file.read_text())
@@ -293,7 +356,15 @@ def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -
         positions=arrays["positions"].tolist(),
         blocks=arrays["blocks"].tolist(),
         dtypes={name: str(arrays[name].dtype) for name in arrays},
+        guard=entry.get("guard") if isinstance(entry.get("guard"), dict) else None,
     )
+
+
+def stored_blocks(manifest: Manifest, step: Step) -> list[int]:
+    """The step's blocks whose pages the bundle holds, in their stored order: `blocks` lists
+    every block the step's tables and slots name, and one outside the pool (a bad entry the
+    guard flagged) has no page to store."""
+    return [b for b in step.blocks if 0 <= b < manifest.num_blocks]
 
 
 def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
@@ -311,13 +382,14 @@ def read_layer(manifest: Manifest, step: Step, layer: int) -> dict:
     prefix = f"layer{layer}."
     out = {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
     pages = ("kv",) if manifest.layout.combined else ("key", "value")
-    stored = manifest.geometry(len(step.blocks))
+    count = len(stored_blocks(manifest, step))
+    stored = manifest.geometry(count)
     for name in pages:
         want = stored.raw_shape("key" if name == "kv" else name)
         if name not in out:
             raise BundleError(step.file, prefix + name, "is missing")
         if tuple(out[name].shape) != want:
-            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {len(step.blocks)} stored blocks needs {want}")
+            raise BundleError(step.file, prefix + name, f"has shape {tuple(out[name].shape)}; '{manifest.layout.name}' with {count} stored blocks needs {want}")
         if str(out[name].dtype) != TORCH_DTYPES[manifest.dtype]:
             raise BundleError(step.file, prefix + name, f"is {out[name].dtype}; the manifest's kv_cache.dtype is {manifest.dtype}")
     if ("new_key" in out) != ("new_value" in out):  # the data check reads both

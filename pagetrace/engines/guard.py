@@ -4,9 +4,9 @@ the kernel reads them.
 `verdict()` is the hot path, run on every step: torch ops on the device the metadata
 lives on and one host sync (the final `bool`), no Python loop over requests or tokens.
 It covers the index checks of `pagetrace check` (engines/check.py) exactly. Its work is
-O(R x M + T log T + pool): R requests, M table columns, T new tokens, and one scatter bin
-per block of the pool (the sharing check), all fixed shapes (no masked selects, which
-would sync a GPU to learn their size):
+O(E log E + T log T), E = R x M table entries (R requests, M table columns), T new tokens:
+none of it grows with the pool (the sharing check sorts the table's entries), all fixed
+shapes (no masked selects, which would sync a GPU to learn their size):
 
     query       query_start_loc starts at 0, never decreases, no request has more new
                 tokens than tokens, ends inside slot_mapping; slot padding is padding
@@ -87,23 +87,22 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
         visible = used if sliding_window is None else used & ((j + 1) * bs > (first - sliding_window + 1).view(-1, 1))
         entry_bad |= visible & (table == null_block)
     fails.append(entry_bad)
-    # sharing, per physical block over the entries that use it (scatter into one bin per block,
-    # the pool's size; entries unused, null or outside the pool go to an extra bin): a block in
-    # two entries is fine only when every one is the same logical block, full (prefix caching).
-    # Two entries of one request are two logical blocks, so min != max catches them too.
+    # sharing, by sorting the table's entries (O(E log E) in the E = R x M entries, whatever the
+    # pool's size): entries unused, null or outside the pool sort last on a sentinel; equal
+    # neighbours are one block in two entries, fine only when every one is the same logical block,
+    # full (prefix caching). Neighbours cover a group: equal logical blocks pairwise are equal
+    # throughout, and each member of a group of two or more is in a pair. Two entries of one
+    # request are two logical blocks, so they differ and are caught too.
     flat = used & in_pool if null_block is None else used & in_pool & (table != null_block)
-    bins = torch.where(flat, table, num_blocks).reshape(-1)
-    count = torch.zeros(num_blocks + 1, dtype=torch.int64, device=dev).scatter_add_(0, bins, flat.reshape(-1).to(torch.int64))
-    shared = count[:num_blocks] > 1
+    sentinel = torch.iinfo(torch.int64).max
+    ordered, order = torch.sort(torch.where(flat, table, sentinel).reshape(-1))
+    pair = (ordered[1:] == ordered[:-1]) & (ordered[1:] != sentinel)
     if sharing == "none":
-        fails.append(shared)
+        fails.append(pair)
     else:
-        ll = j.expand_as(table).reshape(-1)
-        full = ((j + 1) * bs <= lens.view(-1, 1)).reshape(-1).to(torch.int64)
-        lo = torch.full((num_blocks + 1,), width, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, ll, "amin")
-        hi = torch.full((num_blocks + 1,), -1, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, ll, "amax")
-        all_full = torch.ones(num_blocks + 1, dtype=torch.int64, device=dev).scatter_reduce_(0, bins, full, "amin")
-        fails.append(shared & ((lo[:num_blocks] != hi[:num_blocks]) | (all_full[:num_blocks] == 0)))
+        ll = j.expand_as(table).reshape(-1)[order]
+        full = ((j + 1) * bs <= lens.view(-1, 1)).reshape(-1)[order]
+        fails.append(pair & ((ll[1:] != ll[:-1]) | ~full[1:] | ~full[:-1]))
     bad = torch.cat([f.reshape(-1) for f in fails]).any()
     return not bool(bad)
 

@@ -56,23 +56,31 @@ class ReplayRefused(RuntimeFailure):
         self.violations = violations or []
 
 
-REFUSING = ("query", "capacity", "pool", "stored")  # the checks without which the tables cannot be read
+WHY = ("replay cannot judge attention here: its contiguous reference reads the pages through the same block tables and "
+       "slots as the kernel, so both read the same wrong pages and agree")
 
 
-def refuse_broken_tables(manifest: Manifest, step: Step) -> None:
-    """Raise `ReplayRefused` unless every table entry the step's tokens need is a block the
-    bundle stored: rows are found through query_start_loc, and pages through the tables."""
+def violation_words(v) -> str:
+    """`pool: request b token 4: logical block 1 maps to ...`: the check, where, and what."""
+    where = "" if v.request is None else f"request {v.request}" + ("" if v.token is None else f" token {v.token}") + ": "
+    return f"{v.check}: {where}{v.message}"
+
+
+def refuse_violations(manifest: Manifest, step: Step) -> None:
+    """Raise `ReplayRefused` when `check`'s index checks find anything in the step (not the
+    index dtypes, which the replay does not read): each violation named, and why the replay
+    cannot judge attention there."""
     from .check import Checker
 
     checker = Checker(manifest, step)
-    if checker.query():
-        checker.tables()
-    found = [v for v in checker.found if v.check in REFUSING]
+    checker.run()
+    found = [v for v in checker.found if v.check != "dtype"]
     if found:
-        first = found[0]
-        who = f"request {first.request}: " if first.request is not None else ""
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ReplayRefused(f"step {step.step}: {who}{first.message}{more}; `pagetrace check` lists every violation", found)
+        named = "; ".join(violation_words(v) for v in found[:3])
+        more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+        flagged = " (the guard flagged it)" if step.guard else ""
+        raise ReplayRefused(f"step {step.step}{flagged}: {len(found)} violation{'s' if len(found) > 1 else ''}: {named}{more}; {WHY}; "
+                            f"`pagetrace check` lists every violation", found)
 
 
 def queries_of(step: Step, requests: list[int] | None = None) -> list[TokenQuery]:
@@ -91,7 +99,7 @@ def replay_layer(manifest: Manifest, step: Step, tensors: dict, *, requests: lis
 
     if "query" not in tensors:
         raise ReplayRefused(f"{step.file}: the step stored no query for this layer; nothing to replay")
-    refuse_broken_tables(manifest, step)
+    refuse_violations(manifest, step)
     key, value, compact = pool_views(manifest, step, tensors)
     queries = queries_of(step, requests)
     if not queries:
@@ -174,6 +182,20 @@ class ReplaySummary:
     def passed(self) -> bool:
         return all(r.passed for r in self.requests)
 
+    @property
+    def kernel_ran(self) -> bool:
+        """Whether pagetrace's Triton kernel ran (compiled or interpreted); `--backend auto`
+        picks the torch path on the CPU when the interpreter would take too long."""
+        return self.backend != "torch"
+
+    @property
+    def compared(self) -> str:
+        """What was held against what, naming only what ran: `kernel` or `torch path`, and the
+        engine's output only when the bundle stored it."""
+        ran = "kernel" if self.kernel_ran else "torch path"
+        engine = " = engine output" if any(r.vs_engine is not None for r in self.requests) else ""
+        return f"{ran} = contiguous attention{engine}"
+
     def _repr_html_(self) -> str:
         from ..views.notebook import replay_html
 
@@ -184,6 +206,8 @@ class ReplaySummary:
             "bundle": str(bundle),
             "layer": layer,
             "backend": self.backend,
+            "kernel_ran": self.kernel_ran,
+            "compared": self.compared,
             "cache_read": self.cache_read,
             "dtype": self.dtype,
             "tolerance": self.tolerance,

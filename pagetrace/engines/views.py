@@ -159,4 +159,6 @@ def pool_views(manifest, step, tensors: dict):
     `check` and `replay` both read the pages this way."""
     raw = tensors["kv"] if manifest.layout.combined else (tensors["key"], tensors["value"])
     key, value = as_tensors(raw, manifest.layout, manifest.block_size, manifest.num_kv_heads, manifest.head_dim)
-    return key, value, {b: i for i, b in enumerate(step.blocks)}
+    from .bundle import stored_blocks
+
+    return key, value, {b: i for i, b in enumerate(stored_blocks(manifest, step))}

@@ -318,16 +318,16 @@ class Recorder:
         })
         rec["layers"].append(index)
 
-    def pages_now(self) -> None:
+    def pages_now(self, note: str) -> None:
         """The current step's cache pages as they are before its forward pass (the guard
-        stopped it: no query, new K/V or output exist)."""
+        flagged it: no query, new K/V or output exist yet)."""
         rec = self.current
         for index, module in sorted(self.modules.items()):
             if index in self.meta.get("layers", {}) and index not in rec["layers"]:
                 raw = raw_buffer(layer_cache(module), self.meta["layout"])
                 rec["tensors"][f"layer{index}.kv"] = raw.index_select(self.meta["block_axis"], self._stored_blocks(rec).to(raw.device)).cpu()
                 rec["layers"].append(index)
-        rec["note"] = "stopped by the guard before its forward pass: cache pages as they were, no query, new K/V or output"
+        rec["note"] = note
 
     def end(self) -> None:
         """The current step joins the kept steps; the oldest leave while the ring is over its
@@ -337,14 +337,15 @@ class Recorder:
         if rec is None:
             return
         size = _size(rec["tensors"])
-        if self.ring_bytes is not None and size > self.ring_bytes:
+        flagged = "guard" in rec and self.ring_bytes != 0  # the guard's evidence is kept even when it is bigger than the ring
+        if self.ring_bytes is not None and size > self.ring_bytes and not flagged:
             self.dropped.append((rec["step"], size))
             return
         rec["bytes"] = size
         self.records[rec["step"]] = rec
         self.bytes += size
         gone = []
-        while self.ring_bytes is not None and self.bytes > self.ring_bytes:
+        while self.ring_bytes is not None and self.bytes > self.ring_bytes and next(iter(self.records)) != rec["step"]:
             oldest = next(iter(self.records))
             self.bytes -= self.records.pop(oldest)["bytes"]
             gone.append(oldest)
@@ -353,7 +354,9 @@ class Recorder:
             rec["tensors"] = None
 
     def step_extra(self, rec: dict) -> dict:
-        return {"client_requests": rec["client_requests"], "positions": rec["positions"], **({"note": rec["note"]} if "note" in rec else {})}
+        extra = {"client_requests": rec["client_requests"], "positions": rec["positions"]}
+        extra.update({k: rec[k] for k in ("note", "guard") if k in rec})
+        return extra
 
     # -- the bundle ---------------------------------------------------------------------
     def manifest(self, **capture) -> dict:
@@ -401,6 +404,9 @@ class GuardStop(RuntimeError):
     """Raised by the guard in `raise` mode, before the kernel reads a bad table."""
 
 
+VIOLATIONS_KEPT = 1000  # violations listed in a flagged step's manifest entry (`check` recomputes them all)
+
+
 class Tap:
     """The one path each forward pass of vLLM's model runner takes through pagetrace
     (`GPUModelRunner._model_forward`, which CPUModelRunner inherits: called once per
@@ -408,9 +414,15 @@ class Tap:
     warm-up passes call the model directly and are not seen). Counts the steps, runs the
     guard, and feeds the recorder.
 
-    guard: None, "raise" or "report"; on_fire(violations, step) is called when it finds
-    something (the plugin writes the ring there); plants: {step: [edit(metadata)]} change the
-    metadata before the guard sees it (tests plant bugs this way) and are undone after the pass.
+    guard: None, "raise", "report" or "abort". When the guard finds something, before the forward and
+    in every mode: the step is recorded (its index tensors whole, the pages of the in-pool
+    blocks it names as they are now, the violations and what will be done) and handed to the
+    recorder (the plugin writes it to the bundle on disk), and on_fire(violations, step) is
+    called (the plugin closes that bundle). Then `raise` raises GuardStop; `report` makes the
+    offending entries safe (`quarantine.py`), names the affected requests, runs the step, and
+    undoes the edits; `abort` does as report, then fails the affected requests through vLLM's
+    scheduler (`choose_blocks`, `abort_blocks`). plants: {step: [edit(metadata)]} change the metadata before the guard
+    sees it (tests plant bugs this way) and are undone after the pass.
     """
 
     def __init__(self, runner, recorder: Recorder, *, guard: str | None = None, on_fire=None, plants=None, log=None) -> None:
@@ -421,6 +433,9 @@ class Tap:
         self.guard_seconds, self.guard_steps = 0.0, 0  # time in the guard, and the steps it checked
         self.installed = False
         self.fired: list = []  # every violation found, in order
+        self.affected: list[tuple[int, list[str]]] = []  # (step, engine request ids whose output was not trusted)
+        self.to_fail: set[str] = set()  # abort: engine ids still to be failed through the scheduler
+        self.failing: set[int] = set()  # abort: this step's blocks to report (`abort_blocks`)
 
     def metadata(self):
         from vllm.forward_context import get_forward_context
@@ -435,6 +450,10 @@ class Tap:
                 return md[module.layer_name]
         return None
 
+    def engine_ids(self, num_reqs: int) -> list[str]:
+        ids = [str(i) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
+        return ids + [f"row{r}" for r in range(len(ids), num_reqs)]
+
     def forward(self, call, *args, **kwargs):
         if not self.installed:
             self.recorder.install(self.runner.get_model())
@@ -448,51 +467,133 @@ class Tap:
         positions = positions if positions is not None and positions.dim() == 1 else None
         undo = [edit(m) for edit in self.plants.get(step, ())]
         try:
-            found = []
+            found, checked = [], None
             if self.guard and not self.paused:
                 started = time.perf_counter()
-                found = self.check(m, positions, step)
+                found, checked = self.check(m, positions, step)
                 self.guard_seconds += time.perf_counter() - started
                 self.guard_steps += 1
             if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
-                num_reqs = int(m.seq_lens.shape[0])
-                ids = [str(i) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
-                ids += [f"row{r}" for r in range(len(ids), num_reqs)]
                 n = int(m.num_actual_tokens)
-                self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), ids, force=bool(found))
-            if found and self.guard == "raise":
-                if self.recorder.current is not None:
-                    self.recorder.pages_now()
-                self.recorder.end()
-                self.fire(found, step)
-                first = found[0]
-                raise GuardStop(f"pagetrace guard stopped step {step} before the kernel read it: {first.check}: request {first.request} token {first.token}: {first.message}")
-            try:
-                out = call(*args, **kwargs)
-            finally:
-                self.recorder.end()
-            if found:
-                self.fire(found, step)
-            return out
+                self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])), force=bool(found))
+            if self.to_fail:
+                self.choose_blocks(m)
+            if not found:
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    self.recorder.end()
+            return self.flagged(call, args, kwargs, m, found, checked, step)
         finally:
             for restore in reversed(undo):
                 restore()
 
-    def check(self, m, positions, step: int) -> list:
+    def flagged(self, call, args, kwargs, m, found, checked, step: int):
+        """The evidence first (written, the bundle closed), then `raise` stops the step or
+        `report` runs it with the offending entries made safe."""
+        from . import quarantine
+
+        rec = self.recorder
+        p = quarantine.plan(checked, found, num_blocks=rec.meta["num_blocks"], block_size=rec.block_size)
+        stop = self.guard == "raise" or p.unsafe is not None
+        engine = self.engine_ids(len(checked.requests))
+        if rec.current is not None:
+            what = ("stopped by the guard before its forward pass" if stop else
+                    f"flagged by the guard before its forward pass, which then ran with {p.words()}; requests {', '.join(p.requests)}: output not trusted")
+            rec.pages_now(f"{what}: cache pages as they were, no query, new K/V or output")
+            rec.current["guard"] = {"mode": self.guard, "violations": [v.to_json() for v in found[:VIOLATIONS_KEPT]], "count": len(found),
+                                    "made_safe": None if stop else p.to_json(), "affected": [engine[r] for r in p.rows]}
+        rec.end()
+        self.fire(found, step)
+        if stop:
+            first = found[0]
+            why = f" ({p.unsafe}: it cannot be made safe)" if p.unsafe and self.guard != "raise" else ""
+            raise GuardStop(f"pagetrace guard stopped step {step} before the kernel read it{why}: {first.check}: request {first.request} token {first.token}: {first.message}")
+        restore = quarantine.apply(m, p)
+        self.affected.append((step, [engine[r] for r in p.rows]))
+        if self.guard == "abort":
+            self.to_fail |= {engine[r] for r in p.rows}
+            self.choose_blocks(None, checked, p)
+        self.log(f"pagetrace guard: step {step}: made safe before the forward ({p.words()}); requests {', '.join(p.requests)}: "
+                 f"their output this step is not trusted; the step runs for everyone else")
+        try:
+            return call(*args, **kwargs)
+        finally:
+            restore()
+
+    def choose_blocks(self, m, checked=None, p=None) -> None:
+        """abort: for each request still to fail that this step holds, one block of its own that
+        vLLM's scheduler counts as computed (among its first (seq_len - query_len) / block_size
+        blocks: `_update_requests_with_invalid_blocks` looks only there), in no other request's
+        table and not an offending entry; reported with this step's output (`abort_blocks`). A
+        request with none yet (its first prefill chunk) waits for its next step."""
+        if checked is None:
+            checked = self.step_for_check(m, None, self.step)
+        engine = self.engine_ids(len(checked.requests))
+        bad = {(r, c) for r, c, _ in (p.table if p else [])}
+        bs, pool = self.recorder.block_size, self.recorder.meta["num_blocks"]
+        for r, eid in enumerate(engine):
+            if eid not in self.to_fail:
+                continue
+            qsl = checked.query_start_loc
+            computed = checked.seq_lens[r] - (qsl[r + 1] - qsl[r])
+            others = {b for rr, row in enumerate(checked.block_table) if rr != r for b in row[: -(-checked.seq_lens[rr] // bs)]}
+            row = checked.block_table[r]
+            for c in reversed(range(min(-(-computed // bs), len(row)))):
+                b = row[c]
+                if (r, c) not in bad and 0 < b < pool and b not in others and row.count(b) == 1:
+                    self.failing.add(b)
+                    self.to_fail.discard(eid)
+                    self.log(f"pagetrace guard: step {self.step}: request {eid} fails: its block {b} is reported to vLLM's scheduler as failed")
+                    break
+
+    def abort_blocks(self, out):
+        """abort: this step's chosen blocks into the ModelRunnerOutput's KVConnectorOutput
+        (`invalid_block_ids`, v1/outputs.py), the channel vLLM's scheduler reads for blocks that failed."""
+        if not self.failing or out is None:
+            return out
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        blocks, self.failing = self.failing, set()
+
+        def add(o):
+            import dataclasses
+
+            from vllm.v1 import outputs
+
+            if isinstance(o, ModelRunnerOutput):
+                if o is getattr(outputs, "EMPTY_MODEL_RUNNER_OUTPUT", None):  # vLLM's shared constant: never edited
+                    o = dataclasses.replace(o)
+                kv = o.kv_connector_output or KVConnectorOutput()
+                o.kv_connector_output = dataclasses.replace(kv, invalid_block_ids=set(kv.invalid_block_ids) | blocks)
+            return o
+
+        if isinstance(out, ModelRunnerOutput):
+            return add(out)
+        if hasattr(out, "get_output"):  # async scheduling: the output is made later
+            get = out.get_output
+            out.get_output = lambda: add(get())
+            return out
+        self.failing = blocks  # an output without the channel (pipeline parallel's intermediate): the next step's
+        return out
+
+    def check(self, m, positions, step: int):
+        """(violations, the step as `check` reads it): ([], None) when the verdict is clean."""
         from .guard import line, name, verdict
 
         rec = self.recorder
         if verdict(m.query_start_loc, m.seq_lens, m.block_table, m.slot_mapping, block_size=rec.block_size, num_blocks=rec.meta["num_blocks"],
                    sharing="full-blocks" if rec.prefix_caching else "none", positions=positions, sliding_window=rec.meta["sliding_window"],
                    num_tokens=int(m.num_actual_tokens)):
-            return []
-        found = name(rec.as_manifest(), self.step_for_check(m, positions, step), int(m.num_actual_tokens))
+            return [], None
+        checked = self.step_for_check(m, positions, step)
+        found = name(rec.as_manifest(), checked, int(m.num_actual_tokens))
         for v in found[:8]:
             self.log(line(v))
         if len(found) > 8:
             self.log(f"pagetrace guard: step {step}: and {len(found) - 8} more")
         self.fired.extend(found)
-        return found or [_unnamed(step)]
+        return found or [_unnamed(step)], checked
 
     def step_for_check(self, m, positions, step: int):
         from .guard import as_step
@@ -500,8 +601,7 @@ class Tap:
         n = int(m.num_actual_tokens)
         t = step_tensors(m, self.recorder.block_size, None if positions is None else positions[:n])
         num_reqs = len(t["seq_lens"])
-        ids = [client_id(str(i)) for i in list(self.runner.input_batch.req_ids)[:num_reqs]]
-        return as_step(step, ids + [f"row{r}" for r in range(len(ids), num_reqs)], t)
+        return as_step(step, [client_id(i) for i in self.engine_ids(num_reqs)], t)
 
     def fire(self, found, step: int) -> None:
         if self.on_fire is not None:

@@ -7,7 +7,8 @@ called from engine/arg_utils.py, v1/engine/core.py and v1/worker/worker_base.py
 `register` below. It does nothing, and imports nothing but `os`, unless one of these is set:
 
     PAGETRACE_CAPTURE=PATH       write the kept steps as a bundle at PATH (must not exist)
-    PAGETRACE_GUARD=raise|report run the guard on every step (raise: stop the step)
+    PAGETRACE_GUARD=raise|report|abort  run the guard on every step (raise: stop the step; report: make the
+                                 offending entries safe and go on; abort: as report, and fail the affected requests)
     PAGETRACE_STEPS=0-9,40000-   steps to keep (numbers and first-last ranges; default all)
     PAGETRACE_LAYERS=0,1         attention layers to keep (default all)
     PAGETRACE_REQUESTS=cmpl-a,.. keep only steps that hold one of these requests
@@ -97,7 +98,7 @@ def _trace_from_env(env) -> None:
     problem = problem_with(path)
     if problem:
         _refuse(f"invalid value for PAGETRACE_TRACE: {path!r}: {problem}")
-    PATCHES["vllm.v1.core.sched.scheduler"] = lambda module: _patch_scheduler(module, path, private == "1")
+    _add_patch("vllm.v1.core.sched.scheduler", lambda module: _patch_scheduler(module, path, private == "1"))
     _hook_imports()
 
 
@@ -140,8 +141,9 @@ class Settings:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise UsageError("PAGETRACE_CAPTURE", capture, f"its folder {str(parent)!r} is not writable")
         guard = env.get("PAGETRACE_GUARD") or None
-        if guard is not None and guard not in ("raise", "report"):
-            raise UsageError("PAGETRACE_GUARD", guard, "choose raise (stop the step) or report (log and go on)")
+        if guard is not None and guard not in ("raise", "report", "abort"):
+            raise UsageError("PAGETRACE_GUARD", guard, "choose raise (stop the step), report (make it safe, log and go on) or abort (as report, "
+                                                       "and fail the affected requests)")
         steps_text = env.get("PAGETRACE_STEPS") or None
         steps = parse_steps(steps_text) if steps_text else None
         layers = parse_layers(env["PAGETRACE_LAYERS"]) if env.get("PAGETRACE_LAYERS") else None
@@ -192,12 +194,13 @@ class Settings:
                         f"the smallest step of this model (one token, one block per kept layer) is {need} bytes ({need / (1 << 20):.4f} MiB)")
         return None
 
-    def words(self) -> str:
+    def words(self, capture: str | None = None) -> str:
+        """The settings in one phrase; `capture`: the path this process writes (a rank's own, with TP)."""
         ring = f"ring {self.ring_mib:g} MiB"
         keep = f"steps {self.steps_text or 'all'}, layers {','.join(map(str, self.layers)) if self.layers is not None else 'all'}"
         if self.requests is not None:
             keep += f", requests {','.join(self.requests)}"
-        capture = f"capture to {self.capture} ({keep}, {ring})" if self.capture else "no capture"
+        capture = f"capture to {capture or self.capture} ({keep}, {ring})" if self.capture else "no capture"
         guard = f"guard {self.guard}" if self.guard else "no guard"
         return f"{guard}, {capture}"
 
@@ -286,6 +289,7 @@ def _block_size(m) -> int:
     return _SESSION.recorder.block_size if _SESSION is not None else 16
 
 
+CLOSE_AT_MOST = 8  # flagged steps that each close their bundle
 _SESSION = None  # this process's Session (one model runner per process)
 
 
@@ -318,7 +322,7 @@ class Session:
         self.recorder.sink = self.sink
         self.tap = Tap(runner, self.recorder, guard=settings.guard, on_fire=self.on_fire, plants=settings.plants, log=self.logger.warning)
         self.bundles: list = []  # LiveBundle, the current one last
-        self.fired = False
+        self.fired = 0  # flagged steps so far
         self.busy = False
         self.pending: str | None = None  # a rotation asked for by a signal during a write
         self.dropped_told = 0
@@ -336,7 +340,7 @@ class Session:
         m = self.recorder.meta
         proof = m["proof"]
         how = f"proven on {proof['writer']}" if proof.get("method") == "writer" else "read from the cache's strides"
-        self.logger.info("pagetrace: %s; rank %d of %d, %s, layout %s %s%s", self.settings.words(), self.rank, self.world_size, m["backend"],
+        self.logger.info("pagetrace: %s; rank %d of %d, %s, layout %s %s%s", self.settings.words(str(self.path()) if self.settings.capture else None), self.rank, self.world_size, m["backend"],
                          m["layout"], how, f" (isa {m['isa']})" if m.get("isa") else "")
         import signal
         import threading
@@ -412,9 +416,14 @@ class Session:
         if self.settings.capture is None:
             self.logger.warning("pagetrace guard: step %d: no bundle written (set PAGETRACE_CAPTURE=PATH to keep the last steps)", step)
             return
-        if not self.fired:  # the first violation closes the bundle that holds it; later ones are logged
-            self.fired = True
+        # each flagged step closes the bundle that holds it (written before the forward, so a kernel
+        # that faults on the step leaves it whole); past CLOSE_AT_MOST the steps stay in the ring
+        self.fired += 1
+        if self.fired <= CLOSE_AT_MOST:
             self.rotate(f"guard, step {step}")
+        elif self.fired == CLOSE_AT_MOST + 1:
+            self.logger.warning("pagetrace guard: step %d: %d flagged steps closed their bundles; later ones are kept in %s's ring only",
+                                step, CLOSE_AT_MOST, self.bundles[-1].path)
 
 
 def _session(runner) -> Session:
@@ -445,6 +454,14 @@ def patch_runner(module) -> None:
         return session.tap.forward(lambda *a, **k: forward(self, *a, **k), *args, **kwargs)
 
     cls.initialize_kv_cache, cls._model_forward = initialize_kv_cache, _model_forward
+    if hasattr(cls, "sample_tokens"):  # where vLLM 0.32 builds the step's ModelRunnerOutput (v1/worker/gpu_model_runner.py)
+        sample = cls.sample_tokens
+
+        def sample_tokens(self, *args, **kwargs):
+            out = sample(self, *args, **kwargs)
+            return _session(self).tap.abort_blocks(out) if _SESSION is not None else out
+
+        cls.sample_tokens = sample_tokens
     cls._pagetrace_patched = True
 
 
@@ -472,11 +489,41 @@ def _install(settings: Settings) -> None:
     global SETTINGS
     SETTINGS = settings
     patch_engine_args(settings)
-    PATCHES[TARGET] = patch_runner
+    _add_patch(TARGET, patch_runner)
+    if settings.guard == "abort":
+        _add_patch("vllm.v1.core.sched.scheduler", patch_scheduler_to_fail)
     _hook_imports()
 
 
 PATCHES: dict = {}  # module name -> what patches it once it is imported
+
+
+def _add_patch(name: str, patch) -> None:
+    """One more patch of a module (the trace and the guard's abort both patch the scheduler's)."""
+    before = PATCHES.get(name)
+    PATCHES[name] = patch if before is None else (lambda module: (before(module), patch(module)))
+
+
+def patch_scheduler_to_fail(module) -> None:
+    """PAGETRACE_GUARD=abort, in the engine core: the worker reports each affected request's own
+    block through vLLM's channel for blocks that failed (`KVConnectorOutput.invalid_block_ids` in
+    the ModelRunnerOutput, `Tap.abort_blocks`); the scheduler maps those blocks to the running
+    requests that hold them (v1/core/sched/scheduler.py `_handle_invalid_blocks`) and, with
+    `recompute_kv_load_failures` off (the policy `kv_load_failure_policy="fail"` of a KV
+    transfer config sets), finishes them with FINISHED_ERROR and evicts their blocks from the
+    prefix cache; the others' steps go on. Without a KV connector vLLM leaves that policy on
+    "recompute" (Scheduler.__init__), so it is turned off here once the scheduler is built."""
+    cls = module.Scheduler
+    if getattr(cls, "_pagetrace_fails", False):
+        return
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.recompute_kv_load_failures = False
+
+    cls.__init__ = __init__
+    cls._pagetrace_fails = True
 
 
 def _hook_imports() -> None:

@@ -209,7 +209,7 @@ def sim_result_text(result) -> str:
 def replay_html(summary) -> str:
     rows = [[r.request, r.new_tokens, r.seq_len, ",".join(map(str, r.table)), f"{r.vs_contiguous:.2e}",
              "-" if r.vs_engine is None else f"{r.vs_engine:.2e}", "equal" if r.passed else "DIFFERS"] for r in summary.requests]
-    verdict = "passed: kernel = contiguous attention = engine output" if summary.passed else "failed: the replay differs"
+    verdict = f"passed: {summary.compared}" if summary.passed else "failed: the replay differs"
     return (table(["request", "new", "seq_len", "block table", "vs contiguous", "vs engine", ""], rows, caption=f"replay ({summary.backend}, {summary.dtype})")
             + f"<p>{escape(verdict)} (tolerance {summary.tolerance:g} × (1 + |x|))</p>")
 

@@ -24,11 +24,12 @@ def mapping_view(manifest, step, summary) -> MappingView:
 def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
     head = Text(
         f"{manifest.engine_words} step {step.step} layer {layer} · layout {manifest.layout.name} · "
-        f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}\n"
+        f"block size {manifest.block_size} · {manifest.dtype} · backend {summary.backend}{'' if summary.kernel_ran else ' (no kernel ran)'}\n"
         f"cache read: {summary.cache_read}"
     )
+    ran = "kernel" if summary.kernel_ran else "torch path"
     per_request = Table(title="requests", title_justify="left", box=None, pad_edge=False,
-                        caption="vs contiguous, vs engine: the largest |kernel - contiguous attention| and |kernel - the engine's output|",
+                        caption=f"vs contiguous, vs engine: the largest |{ran} - contiguous attention| and |{ran} - the engine's output|",
                         caption_justify="left")
     for col in ("request", "new", "seq_len", "block table", "vs contiguous", "vs engine", ""):
         header(per_request, col, justify="left" if col in ("request", "block table", "") else "right")
@@ -49,7 +50,7 @@ def render_replay(manifest, step, layer: int, summary, limit: int) -> Group:
         rows.add_row(*(str(row[k]) for k in ("token", "logical_block", "offset", "physical_block", "slot", "refcount")), f"{row['score']:.4f}", f"{row['weight']:.4f}")
         previous = t
     verdict = Text(
-        f"passed: kernel = contiguous attention = engine output (tolerance {summary.tolerance:g} x (1 + |x|))"
+        f"passed: {summary.compared} (tolerance {summary.tolerance:g} x (1 + |x|))"
         if summary.passed else f"failed: replay differs beyond {summary.tolerance:g} x (1 + |x|)"
     )
     return Group(head, per_request, rows, verdict)

@@ -392,10 +392,19 @@ def test_sharing_with_an_engine_that_shares_nothing_and_across_logical_blocks(tm
         ("sharing", "b", 0, 0, 5, 20, byte_of(20), "physical block 5 is logical block 0 of request b and 1 of request a: a prefix-cached block is the same logical block in every request")], sharing
 
 
+WHY = ("replay cannot judge attention here: its contiguous reference reads the pages through the same block tables and "
+       "slots as the kernel, so both read the same wrong pages and agree; `pagetrace check` lists every violation")
+
+
 @pytest.mark.parametrize("fault, message", [
-    ("query_start_loc decreases", "step 0: request a: 13 new tokens but seq_len 11 (and 1 more); `pagetrace check` lists every violation"),
-    ("query_start_loc starts at 1", "step 0: query_start_loc starts at 1, not 0; `pagetrace check` lists every violation"),
-    ("an entry past the pool", "step 0: request b: logical block 1 maps to physical block 6, outside the pool 0..5; `pagetrace check` lists every violation"),
+    ("query_start_loc decreases", "step 0: 2 violations: query: request a: 13 new tokens but seq_len 11; query: request b: "
+                                  "query_start_loc decreases at request 1: 13 then 12; " + WHY),
+    ("query_start_loc starts at 1", "step 0: 1 violation: query: query_start_loc starts at 1, not 0; " + WHY),
+    ("an entry past the pool", "step 0: 1 violation: pool: request b token 4: logical block 1 maps to physical block 6, outside the pool 0..5; " + WHY),
+    # a slot or a collision: the tables read fine, but the reference reads the same wrong page as the kernel (it used to pass)
+    ("a wrong slot", "step 0: 1 violation: slot: request b token 9: slot_mapping[11] = 18; block table gives 4 x 4 + 1 = 17; " + WHY),
+    ("two writers", "step 0: 2 violations: slot: request b token 9: slot_mapping[11] = 20; block table gives 4 x 4 + 1 = 17; "
+                    "collision: request b token 9: slot 20 is written by request a token 4 too; " + WHY),
 ])
 def test_replay_refuses_a_broken_step_in_one_line(tmp_path, capsys, fault, message):
     path = hand_bundle(tmp_path / "b")

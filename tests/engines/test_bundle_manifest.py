@@ -633,3 +633,49 @@ def test_a_live_bundle_writes_nothing_before_its_first_step_and_leaves_no_tempor
     assert [s["step"] for s in read_manifest(path).steps] == [5]
     with pytest.raises(FileExistsError):  # a folder made since: never written into
         LiveBundle(path, small_manifest()).add(0, [], [], tensors)
+
+
+def test_client_names_an_n2_parent_the_x_request_id_and_a_chat_id():
+    """vLLM's ids (0.32): `cmpl-<X-Request-Id>-<prompt>-<8 hex>`, samples of n > 1 `<k>_<parent>`, chat `chatcmpl-`."""
+    s = step_of(requests=["0_cmpl-w2-0-1a2b3c4d", "1_cmpl-w2-0-5e6f7a8b", "cmpl-load3-0-0badcafe", "chatcmpl-talk-0-deadbeef"])
+    assert s.request_index("0_cmpl-w2-0") == 0 and s.request_index("1_cmpl-w2") == 1
+    assert s.request_index("load3") == 2 and s.request_index("talk") == 3 and s.request_index("chatcmpl-talk") == 3
+    with pytest.raises(UsageError) as caught:
+        s.request_index("cmpl-w2")  # the id the n = 2 response carries: both samples
+    assert "names 2 requests of step 4 (the samples of an n > 1 request): 0_cmpl-w2-0-1a2b3c4d, 1_cmpl-w2-0-5e6f7a8b; name one" in str(caught.value)
+    with pytest.raises(UsageError):
+        s.request_index("load")  # a prefix of the X-Request-Id is no name of it
+
+
+def test_without_step_the_steps_that_hold_the_request_are_found_and_listed(tmp_path):
+    from pagetrace.engines.bundle import read_manifest, step_for_request
+
+    path = tmp_path / "b"
+    path.mkdir()
+    steps = [{"step": n, "file": f"step-{n:04d}.safetensors", "requests": reqs, "layers": []}
+             for n, reqs in [(0, ["cmpl-a-0-11111111"]), (1, ["cmpl-a-0-11111111", "cmpl-b-0-22222222"]), (2, ["cmpl-b-0-22222222"]),
+                             (5, ["cmpl-b-0-22222222"])]]
+    (path / "manifest.json").write_text(json.dumps({
+        "format": "pagetrace-capture", "version": 1, "engine": {"name": "vllm"},
+        "model": {"num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 8},
+        "kv_cache": {"dtype": "fp32", "layout": "nhd", "block_size": 4, "num_blocks": 8, "null_block": 0, "table_padding": 0, "slot_padding": -1,
+                     "sharing": "none"},
+        "attention": {"scale": 1.0}, "layers": [], "steps": steps}))
+    m = read_manifest(path)
+    told = []
+    assert step_for_request(m, None, "cmpl-a", told.append) is None and told == []  # in the first step: as before
+    assert step_for_request(m, None, "b", told.append) == 1 and told == ["request b is in steps 1-2, 5 of this bundle; reading step 1 (--step picks another)"]
+    assert step_for_request(m, 2, "a", told.append) == 2
+    with pytest.raises(UsageError) as caught:
+        step_for_request(m, None, "c")
+    assert "no step of the bundle holds it" in str(caught.value)
+
+
+def test_a_tensor_parallel_base_path_lists_the_rank_bundles(tmp_path):
+    from pagetrace.engines.bundle import read_manifest
+
+    for r in (0, 1):
+        (tmp_path / f"tp.bundle.rank{r}").mkdir()
+    with pytest.raises(UsageError) as caught:
+        read_manifest(tmp_path / "tp.bundle")
+    assert f"each rank wrote its own bundle: {tmp_path}/tp.bundle.rank0, {tmp_path}/tp.bundle.rank1; name one" in str(caught.value)

@@ -95,6 +95,15 @@ def test_a_partly_filled_block_in_two_tables_is_named():
     assert not ok and [fields(v) for v in found] == [("sharing", "cmpl-c-0", 4, 1, 6, 24, key_byte(6, 0))]
 
 
+def test_a_partly_filled_block_is_named_whichever_table_comes_first():
+    """The sharing check sorts the table's entries: the partly filled holder first (r0, row 0) as
+    well as last (above) must be caught."""
+    t = base()
+    t["block_table"][1, 1] = 4  # r1's full logical block 1 on r0's block 4, which r0 fills 2 of 4 (tokens 4, 5)
+    ok, found = run(t)
+    assert not ok and [fields(v)[:5] for v in found] == [("sharing", "cmpl-a-0", 4, 1, 4)]
+
+
 def test_a_table_entry_outside_the_pool_is_named():
     t = base()
     t["block_table"][1, 1] = POOL  # r1's logical block 1 (tokens 4..7) past the pool's 16 blocks

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,8 +165,8 @@ def wait_for(log: Path, text: str, timeout: float = 30) -> None:
 
 
 def guard_lines(log: Path) -> list[str]:
-    """The guard's violation lines (not its paused/resumed lines)."""
-    return [line[line.index("pagetrace guard: step "):] for line in log.read_text().splitlines() if "pagetrace guard: step " in line]
+    """The guard's violation lines (`pagetrace guard: step N · check · ...`; not its paused/resumed or made-safe lines)."""
+    return [line[line.index("pagetrace guard: step "):] for line in log.read_text().splitlines() if re.search(r"pagetrace guard: step \d+ · ", line)]
 
 
 def manifest(bundle: Path) -> dict:
@@ -293,8 +294,9 @@ def test_a_planted_bad_table_entry_and_bad_slot_are_caught_at_their_steps(model,
         wait_for(log, "pagetrace guard: paused")
         os.kill(worker, signal.SIGUSR2)  # and resume it
         wait_for(log, "pagetrace guard: resumed")
-    second = manifest(tmp_path / "capture.bundle.2")
-    assert second["closed"] == "signal SIGUSR1" and second["steps"][0]["step"] >= table_step + 1
+    second, third = manifest(tmp_path / "capture.bundle.2"), manifest(tmp_path / "capture.bundle.3")
+    assert second["closed"] == f"guard, step {slot_step}" and second["steps"][0]["step"] == table_step + 1  # each flagged step closes its bundle
+    assert third["closed"] == "signal SIGUSR1" and third["steps"][0]["step"] == slot_step + 1
     assert "pagetrace guard: paused after step" in log.read_text() and "µs each" in log.read_text()
     lines = guard_lines(log)
     at = {int(line.split("step ")[1].split(" ")[0]) for line in lines}
@@ -317,6 +319,63 @@ def test_a_planted_bad_table_entry_and_bad_slot_are_caught_at_their_steps(model,
                            f"physical block {want[4]} · slot {want[5]} · byte {first['byte']}: "), line
     slot_line = next(x for x in lines if f"step {slot_step} " in x)
     assert " · slot · " in slot_line and "slot_mapping[0] = " in slot_line
+
+
+PLANTS = {20: ("table:0:0:5000000", "pool", 5_000_000), 30: (f"table:1:0:{NUM_BLOCKS}", "pool", NUM_BLOCKS), 40: ("table:0:0:-1", "pool", -1),
+          50: ("table:2:last:0", "null", 0), 60: ("slot:1:1000000", "slot", None)}
+
+
+def test_report_mode_makes_far_bad_entries_safe_and_the_server_goes_on(model, tmp_path, capsys):
+    """Report mode, entries far outside the pool, one past it, negative, the null block, a slot
+    a million past: each step's evidence is written and its bundle closed before the forward,
+    the entries made safe (the kernel never reads them), the server serves every request, and
+    `check` names the violation from the bundle while `replay` refuses the step."""
+    bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
+    plant = ",".join(f"{step}:{what}" for step, (what, _, _) in PLANTS.items())
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "report", "PAGETRACE_GUARD_PLANT": plant, "PAGETRACE_RING_MIB": "16"}
+    with server(model, log, env) as (proc, port):
+        results = load(port)
+        assert all(code == 200 for code, _ in results.values()), (results, log.read_text()[-3000:])
+        assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
+    text = log.read_text()
+    assert "Segmentation fault" not in text and "Segfault" not in text and "EngineCore encountered a fatal error" not in text
+    made_safe = [x[x.index("pagetrace guard: step "):] for x in text.splitlines() if "made safe before the forward" in x]
+    assert [int(x.split()[3].rstrip(":")) for x in made_safe] == sorted(PLANTS), made_safe
+    for n, (step, (what, check, block)) in enumerate(sorted(PLANTS.items())):
+        path = bundle if n == 0 else tmp_path / f"capture.bundle.{n + 1}"
+        m = manifest(path)
+        assert m["closed"] == f"guard, step {step}" and m["steps"][-1]["step"] == step, (path, m.get("closed"))
+        entry = m["steps"][-1]
+        assert entry["guard"]["mode"] == "report" and entry["guard"]["made_safe"]["requests"] and "flagged by the guard" in entry["note"]
+        code, out, err = cli(capsys, "check", str(path), "--step", str(step), "--json")
+        found = json.loads(out)["steps"][0]["violations"]
+        assert code == 1 and check in {v["check"] for v in found}, (step, err, found)
+        if block is not None:
+            assert any(v["check"] == check and v["physical_block"] == block for v in found), (step, found)
+        code, out, err = cli(capsys, "replay", str(path), "--step", str(step), "--backend", "torch")
+        assert code == 1 and f"step {step} (the guard flagged it): " in err and "replay cannot judge attention here" in err, err
+
+
+def test_abort_mode_fails_exactly_the_planted_request_and_the_server_goes_on(model, tmp_path, capsys):
+    """Abort mode, an entry far outside the pool in row 0 at step 20: the step is made safe as in
+    report, and the request of that row is failed through vLLM's scheduler (its block reported in
+    KVConnectorOutput.invalid_block_ids): exactly that request gets an error, the other five
+    their 150 tokens, and the server answers the next request."""
+    bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "abort", "PAGETRACE_GUARD_PLANT": "20:table:0:0:5000000", "PAGETRACE_RING_MIB": "16"}
+    with server(model, log, env) as (proc, port):
+        results = load(port)
+        assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
+    text = log.read_text()
+    fails = re.findall(r"pagetrace guard: step \d+: request (\S+) fails: its block \d+ is reported", text)
+    assert len(fails) == 1, text[-3000:]
+    planted = fails[0].rsplit("-", 2)[0]  # cmpl-loadN-0-<8 hex> -> cmpl-loadN
+    failed = {i for i, (code, _) in results.items() if code != 200}
+    assert failed == {int(planted.removeprefix("cmpl-load"))} and all(results[i][0] >= 500 for i in failed), (planted, results)  # vLLM's error response
+    assert all(len(doc["choices"][0]["token_ids"]) == MAX_TOKENS for i, (code, doc) in results.items() if i not in failed)
+    m = manifest(bundle)
+    assert m["closed"] == "guard, step 20" and m["steps"][-1]["guard"]["mode"] == "abort"
+    assert m["steps"][-1]["guard"]["affected"][0].startswith(planted + "-")
 
 
 def test_raise_mode_stops_the_step_and_vllm_stops_the_engine(model, tmp_path):
@@ -342,7 +401,9 @@ def test_a_layer_the_model_lacks_refuses_to_start_in_one_line(model, tmp_path):
     with server(model, log, {"PAGETRACE_CAPTURE": str(tmp_path / "b"), "PAGETRACE_LAYERS": "0,5"}, expect_start=False) as (proc, port):
         proc.wait(timeout=120)
     assert proc.returncode == 1
-    lines = [x for x in log.read_text().splitlines() if "pagetrace" in x]
+    # pagetrace's own lines only: its messages start "pagetrace: " or "pagetrace guard: " (at the line's start or after
+    # vLLM's log prefix); a path that holds the word (a venv under a pagetrace checkout, named in vLLM's warnings) is not one
+    lines = [x for x in log.read_text().splitlines() if re.search(r"(^|\s)pagetrace( guard)?: ", x)]
     assert lines == ["pagetrace: refusing to start vLLM: invalid value for PAGETRACE_LAYERS: '0,5': layer 5 does not exist; the model has layers 0..1"]
     assert "Traceback" not in log.read_text() and not (tmp_path / "b").exists()
 
@@ -374,3 +435,8 @@ def test_tensor_parallel_2_writes_one_bundle_per_rank(model, tmp_path, capsys):
         doc = json.loads(out)
         assert code == 0 and doc["passed"] and all(r["max_diff_engine"] <= BF16_TOL for r in doc["requests"]), doc
     assert not bundle.exists()
+    text = log.read_text()
+    for rank in (0, 1):  # each rank's log line names the bundle it writes
+        assert f"capture to {tmp_path}/capture.bundle.rank{rank} (" in text and f"rank {rank} of 2" in text
+    code, out, err = cli(capsys, "check", str(bundle), "--no-data")  # the base path: the rank bundles to choose from
+    assert code == 2 and f"{bundle}.rank0, {bundle}.rank1; name one" in err, err

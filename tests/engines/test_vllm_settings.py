@@ -112,7 +112,8 @@ def test_settings_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("env,said", [
-    ({"PAGETRACE_GUARD": "stop"}, "invalid value for PAGETRACE_GUARD: 'stop': choose raise (stop the step) or report (log and go on)"),
+    ({"PAGETRACE_GUARD": "stop"}, "invalid value for PAGETRACE_GUARD: 'stop': choose raise (stop the step), report (make it safe, log and go on) or abort (as report, "
+                                 "and fail the affected requests)"),
     ({"PAGETRACE_GUARD": "report", "PAGETRACE_REQUESTS": " , "}, "invalid value for PAGETRACE_REQUESTS: ' , ': name request ids, comma-separated"),
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_RING_MIB": "lots"}, "invalid value for PAGETRACE_RING_MIB: 'lots': must be a number of MiB (e.g. 256)"),
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_RING_MIB": "0"}, "invalid value for PAGETRACE_RING_MIB: '0': must be a positive number of MiB"),

@@ -58,10 +58,12 @@ def test_replay_json_addresses_match_lookup_from(capsys, tmp_path, monkeypatch, 
     buffer, two tensors)."""
     import bundles
 
-    if layout == "vllm-cpu-amx":  # its tiles group 16 slots and 16 dims: the helper's bundle at 32 slots of 32 dims
-        monkeypatch.setattr(bundles, "BS", 32)
-        monkeypatch.setattr(bundles, "D", 32)
-    bundle = bundles.write_bundle(tmp_path / "b", layout)
+    tables = None
+    if layout == "vllm-cpu-amx":  # its tiles group 16 slots and 16 dims: the helper's bundle at 32 slots of 32 dims,
+        monkeypatch.setattr(bundles, "BS", 32)  # one block per request (a partly filled block is never shared:
+        monkeypatch.setattr(bundles, "D", 32)  # replay refuses a step with violations)
+        tables = [[3], [4]]
+    bundle = bundles.write_bundle(tmp_path / "b", layout, tables=tables)
     for request in ("a", "b"):
         code, out, err = cli(capsys, "replay", str(bundle), "--request", request, "--backend", "torch", "--json")
         assert code == 0, err

@@ -33,8 +33,10 @@ def test_replay_text_is_the_json_cell_by_cell(replayed, capsys):
     code, out, err = cli(capsys, "replay", str(path), *ARGS)
     assert code == 0 and err == "", err
     lines = words(out)
-    assert out.splitlines()[0] == "hand 0 step 0 layer 0 · layout vllm-hnd · block size 4 · fp32 · backend torch"
+    assert out.splitlines()[0] == "hand 0 step 0 layer 0 · layout vllm-hnd · block size 4 · fp32 · backend torch (no kernel ran)"
     assert out.splitlines()[1] == f"cache read: {doc['cache_read']}"
+    # --backend torch: no kernel ran, and the view says so, never "kernel" (the JSON says which ran)
+    assert doc["backend"] == "torch" and doc["kernel_ran"] is False and doc["compared"] == "torch path = contiguous attention = engine output"
     assert lines[2] == ["requests"]
     assert lines[3] == ["request", "new", "seq_len", "block", "table", "vs", "contiguous", "vs", "engine"]
     refs = {int(b): n for b, n in doc["shared_blocks"].items()}
@@ -44,7 +46,7 @@ def test_replay_text_is_the_json_cell_by_cell(replayed, capsys):
                        f"{r['max_diff_contiguous']:.2e}", f"{r['max_diff_engine']:.2e}", "equal"]
     assert lines[4][3] == "3(x2),5(x2),1" and lines[5][3] == "3(x2),5(x2),4"
     caption = " ".join(" ".join(w) for w in lines[6:8])
-    assert caption == "vs contiguous, vs engine: the largest |kernel - contiguous attention| and |kernel - the engine's output|"
+    assert caption == "vs contiguous, vs engine: the largest |torch path - contiguous attention| and |torch path - the engine's output|"
     assert out.splitlines()[8].strip() == "request a, token 5: what it read (weights: mean over heads)"
     assert lines[9] == ["token", "logical", "offset", "physical", "slot", "ref", "score", "weight"]
     tokens = doc["traced"]["tokens"]
@@ -52,7 +54,7 @@ def test_replay_text_is_the_json_cell_by_cell(replayed, capsys):
     for row, t in zip(lines[10:16], tokens):
         assert row == [str(t[k]) for k in ("token", "logical_block", "offset", "physical_block", "slot", "refcount")] + [
             f"{t['score']:.4f}", f"{t['weight']:.4f}"]
-    assert out.splitlines()[16] == f"passed: kernel = contiguous attention = engine output (tolerance {doc['tolerance']:g} x (1 + |x|))"
+    assert out.splitlines()[16] == f"passed: torch path = contiguous attention = engine output (tolerance {doc['tolerance']:g} x (1 + |x|))"
     assert len(lines) == 17
 
 
