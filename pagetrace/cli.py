@@ -107,7 +107,7 @@ def _root(
 
 # the commands, in --help's order: each module (pagetrace/commands/NAME.py) is imported and made a
 # click command only when that command runs or --help lists it (PagetraceGroup.get_command)
-COMMANDS = ("lookup", "where", "layouts", "run", "diagram", "simulate", "capacity", "check", "replay")
+COMMANDS = ("lookup", "where", "layouts", "run", "diagram", "simulate", "fleet", "capacity", "check", "replay")
 
 
 def _fail(message: str, code: int) -> int:

@@ -349,15 +349,15 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
         for i in sorted(busy):
             inst = insts[i]
             sched = inst.sched
+            n_load = len(sched.running) + len(sched.waiting)  # as sampled: at the start of the step
+            inst.load_sum += n_load
+            if n_load > inst.peak_load:
+                inst.peak_load = n_load
             rec = sched.step()
             inst.busy_steps += 1
             inst.evicted_blocks += rec.evicted
             if rec.used_blocks > inst.peak_blocks:
                 inst.peak_blocks = rec.used_blocks
-            n_load = rec.running + rec.waiting
-            inst.load_sum += n_load
-            if n_load > inst.peak_load:
-                inst.peak_load = n_load
             for rid in rec.admitted:
                 req = inflight[rid]
                 if req.first_scheduled != t:

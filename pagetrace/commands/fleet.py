@@ -1,0 +1,163 @@
+"""`pagetrace fleet`: N simulated vLLM (or SGLang) instances behind a router, fed by one workload.
+
+A command of its own rather than a mode of `simulate`: simulate's outputs are one server's
+(its pool pictures, block tables at a step, the --html step slider, the waste table against
+Orca), none of which has one meaning for N pools, and the fleet's own options (instances,
+router, shared cache, per-instance traces and events) mean nothing for one server.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+HELP = "Simulate a fleet of vLLM instances behind a router (round-robin, least-loaded, prefix-aware, session, as-recorded), each with its own pool, their caches local, shared through a store, or pooled; hit rate by outcome, load and imbalance per instance."
+EPILOG = (
+    "Example: pagetrace fleet --instances 4 --router prefix-aware --sessions 200 --turns 4 --num-blocks 800"
+    "  |  pagetrace fleet --instances 4 --router session --cache store --store-tokens 200000 --explain"
+    "  |  pagetrace fleet --router as-recorded --trace a.trace.jsonl --trace b.trace.jsonl --block-size 32"
+)
+MAX_STORE_TOKENS = 1 << 40
+
+
+def fleet(
+    instances: Annotated[int | None, typer.Option(help="Instances in the fleet (default 4; as-recorded: one per --trace).")] = None,
+    router: Annotated[str, typer.Option(metavar="NAME", help="round-robin, least-loaded (fewest running + waiting), prefix-aware (Dynamo's cost: overlap weight x uncached prompt blocks + active blocks), session (a session stays where it started), as-recorded (the instance whose --trace holds the request).")] = "round-robin",
+    trace: Annotated[list[str] | None, typer.Option(metavar="FILE", help="A trace (simulate's format; a 'session' field per line for the session router); repeat for one per instance.")] = None,
+    sessions: Annotated[int, typer.Option(help="Synthetic conversations: sessions.")] = 100,
+    turns: Annotated[int, typer.Option(help="Synthetic: turns per session (each resends the session's history).")] = 4,
+    system_prompt: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every session starts with.")] = 256,
+    user_len: Annotated[str, typer.Option(help="Synthetic: tokens of each user message, fixed or low:high.")] = "32:256",
+    output_len: Annotated[str, typer.Option(help="Synthetic: tokens of each reply, fixed or low:high.")] = "16:128",
+    session_rate: Annotated[float, typer.Option(help="Synthetic: sessions starting per step (Poisson); 0 = all at step 0.")] = 0.5,
+    turn_gap: Annotated[int, typer.Option(help="Synthetic: steps between a session's turns.")] = 40,
+    seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
+    num_blocks: Annotated[int, typer.Option(help="Blocks in each instance's pool, block 0 included.")] = 1024,
+    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    max_num_batched_tokens: Annotated[int, typer.Option(help="Each instance's token budget per step.")] = 4096,
+    max_num_seqs: Annotated[int, typer.Option(help="Each instance's running requests at most.")] = 256,
+    policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="Each instance's KV cache: vLLM's block manager or SGLang's radix tree.")] = "vllm",
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn prefix caching off on every instance.")] = False,
+    cache: Annotated[str, typer.Option(metavar="local|store|pooled", help="local: each instance reads its own pool; store: also a shared store of --store-tokens holding the blocks pools evict; pooled: also every other instance's pool (Mooncake's global cache).")] = "local",
+    store_tokens: Annotated[int | None, typer.Option(help="--cache store: the shared store's capacity in tokens (whole blocks).")] = None,
+    overlap_weight: Annotated[float, typer.Option(help="prefix-aware: Dynamo's overlap_score_weight (its default 1; large: longest prefix first).")] = 1.0,
+    load_samples: Annotated[int, typer.Option(help="Load over time: samples of each instance's running + waiting requests over the run.")] = 60,
+    explain: Annotated[bool, typer.Option("--explain", help="Name, for each miss, the instance that held the prefix when the router sent the request elsewhere.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
+) -> None:
+    from ..errors import UsageError
+    from ..paging.blocks import MAX_BLOCK_SIZE, MAX_SEQS, MAX_TOKENS
+    from ..sim.fleet import CACHES, MAX_INSTANCES, run_fleet
+    from ..sim.router import ROUTERS, make_router
+    from ..sim.run import POLICIES
+    from ..sim.scheduler import SchedulerConfig
+    from .output import emit_json, stdout_console
+    from .simulate import MAX_BLOCKS, parse_range
+
+    # -- every option checked before any work --
+    if router not in ROUTERS:
+        raise UsageError("--router", router, f"must be one of: {', '.join(ROUTERS)}")
+    if policy not in POLICIES:
+        raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
+    if cache not in CACHES:
+        raise UsageError("--cache", cache, f"must be one of: {', '.join(CACHES)}")
+    traces = trace or []
+    if router == "as-recorded":
+        if not traces:
+            raise UsageError("--router", router, "sends each request where a real router did: give one --trace per instance, each recorded by that instance")
+        if instances is not None and instances != len(traces):
+            raise UsageError("--instances", instances, f"as-recorded runs one instance per --trace: {len(traces)} given")
+        instances = len(traces)
+    if instances is None:
+        instances = 4
+    if instances < 1 or instances > MAX_INSTANCES:
+        raise UsageError("--instances", instances, f"must be 1 to {MAX_INSTANCES:,} (each instance holds its own pool in memory)")
+    for option, value, low, high in (("--num-blocks", num_blocks, 2, MAX_BLOCKS), ("--block-size", block_size, 1, MAX_BLOCK_SIZE),
+                                     ("--max-num-batched-tokens", max_num_batched_tokens, 1, MAX_TOKENS), ("--max-num-seqs", max_num_seqs, 1, MAX_SEQS),
+                                     ("--sessions", sessions, 1, 1_000_000), ("--turns", turns, 1, 1000), ("--system-prompt", system_prompt, 0, MAX_TOKENS),
+                                     ("--turn-gap", turn_gap, 0, 1_000_000), ("--load-samples", load_samples, 1, 10_000)):
+        if value < low or value > high:
+            raise UsageError(option, value, f"must be {low:,} to {high:,}")
+    if instances * num_blocks > 40_000_000:
+        raise UsageError("--num-blocks", num_blocks, f"{instances} instances of {num_blocks:,} blocks: more than the 40,000,000 blocks a fleet holds in memory")
+    if not session_rate >= 0 or session_rate == float("inf"):
+        raise UsageError("--session-rate", session_rate, "must be a finite number >= 0")
+    if not overlap_weight >= 0 or overlap_weight == float("inf"):
+        raise UsageError("--overlap-weight", overlap_weight, "must be a finite number >= 0")
+    if cache == "store":
+        if store_tokens is None:
+            raise UsageError("--cache", cache, "a shared store needs its capacity: give --store-tokens")
+        if store_tokens < block_size:
+            raise UsageError("--store-tokens", store_tokens, f"the store must hold at least one block of {block_size} tokens")
+        if store_tokens > MAX_STORE_TOKENS:
+            raise UsageError("--store-tokens", store_tokens, f"must be at most {MAX_STORE_TOKENS:,}")
+    elif store_tokens is not None:
+        raise UsageError("--store-tokens", store_tokens, "sizes the shared store: give --cache store")
+    if policy != "vllm":
+        for option, value, given in (("--cache", cache, cache != "local"), ("--router", router, router == "prefix-aware"), ("--explain", True, explain)):
+            if given:
+                raise UsageError(option, value, "reads the instances' vLLM block hashes: run it with --policy vllm")
+    if no_prefix_caching and cache != "local":
+        raise UsageError("--cache", cache, "shares cached blocks; drop --no-prefix-caching")
+
+    # -- the workload --
+    if traces:
+        from ..sim.fleet_workload import read_fleet_traces
+
+        texts = []
+        for path in traces:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    texts.append(f.read())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UsageError("--trace", path, getattr(exc, "strerror", None) or str(exc)) from None
+        work = read_fleet_traces(texts, block_size, traces)
+        reqs, sess, assignment = work.requests, work.sessions, work.assignment
+        workload = {"traces": traces}
+    else:
+        from ..sim.conversation import ConversationSpec, conversations
+
+        spec = ConversationSpec(sessions, turns, system_prompt, parse_range(user_len, "--user-len"), parse_range(output_len, "--output-len"),
+                                session_rate, turn_gap, seed)
+        reqs, sess = conversations(spec)
+        assignment = None
+        workload = {"synthetic": "conversations", "sessions": sessions, "turns": turns, "system_prompt": system_prompt,
+                    "user_len": user_len, "output_len": output_len, "session_rate": session_rate, "turn_gap": turn_gap, "seed": seed}
+    try:
+        route = make_router(router, overlap_weight, sess, assignment)
+    except ValueError as exc:
+        raise UsageError("--router", router, str(exc)) from None
+    if router == "session" and traces and len(sess) < len(reqs):
+        missing = next(r.request_id for r in reqs if r.request_id not in sess)
+        raise UsageError("--router", router, f"routes by session: request {missing} has no 'session' field in its trace")
+    pool_tokens = (num_blocks - 1) * block_size
+    longest = max(len(r.prompt) + len(r.output) - 1 for r in reqs)
+    if longest > pool_tokens:
+        raise UsageError("--num-blocks", num_blocks, f"a request stores {longest:,} tokens; {num_blocks - 1:,} usable blocks of {block_size} hold {pool_tokens:,}")
+    span = max(r.arrival for r in reqs) + 1
+    config = SchedulerConfig(max_num_batched_tokens, max_num_seqs)
+    try:
+        result = run_fleet(reqs, route, instances, num_blocks, block_size, config, policy, not no_prefix_caching,
+                           max_model_len=pool_tokens, cache=cache, store_blocks=(store_tokens or 0) // block_size,
+                           explain=explain, load_stride=max(1, -(-span // load_samples)))
+    except ValueError as exc:
+        from ..errors import RuntimeFailure
+
+        raise RuntimeFailure(str(exc)) from None
+    doc = {"config": {"instances": instances, "router": router, "cache": cache, "store_tokens": store_tokens,
+                      "overlap_weight": overlap_weight, "policy": policy, "num_blocks": num_blocks, "block_size": block_size,
+                      "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                      "prefix_caching": not no_prefix_caching, "workload": workload},
+           "fleet": result.to_json()}
+    if explain:
+        doc["explain"] = [m.to_json() for m in result.missed]
+    if json_output:
+        emit_json(doc)
+        return
+    from ..views.fleet import render_fleet, render_missed
+
+    out = stdout_console()
+    out.print(render_fleet(doc))
+    if explain:
+        out.print(render_missed(doc["explain"]))

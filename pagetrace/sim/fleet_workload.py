@@ -1,0 +1,70 @@
+"""A fleet's workload from traces: one trace sent through a router, or one per instance.
+
+Several traces are one workload: their requests keep their arrival steps, and each request
+id is prefixed with its trace's index (`0:r3`) so ids from different recordings never meet.
+With one trace per instance (each recorded by one server behind a real router), the trace a
+request came from is the instance the real router chose: the `as-recorded` assignment.
+
+A request's session is the `session` field of its trace line, when the trace has one (the
+session router needs it); the trace reader (workload.py) reads the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .request import SimRequest
+from .workload import read_trace
+
+
+@dataclass(slots=True)
+class FleetWorkload:
+    requests: list[SimRequest]  # sorted by arrival (stable: per trace, then the trace's order)
+    sessions: dict[str, str]  # request id -> session id, where the traces give one
+    assignment: dict[str, int]  # request id -> the trace (instance) it came from
+    traces: list  # workload.Trace per file
+
+
+def _sessions_of(text: str) -> dict[str, str]:
+    """Line id -> its `session` (as read_trace numbers lines without an id)."""
+    out: dict[str, str] = {}
+    k = 0
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue  # read_trace has refused such a line already
+        if not isinstance(obj, dict) or "format" in obj:
+            continue
+        s = obj.get("session")
+        if s is not None:
+            out[str(obj.get("id", k))] = str(s)
+        k += 1
+    return out
+
+
+def read_fleet_traces(texts: list[str], block_size: int, names: list[str]) -> FleetWorkload:
+    many = len(texts) > 1
+    requests: list[SimRequest] = []
+    sessions: dict[str, str] = {}
+    assignment: dict[str, int] = {}
+    traces = []
+    for k, (text, name) in enumerate(zip(texts, names)):
+        trace = read_trace(text, block_size, name)
+        traces.append(trace)
+        line_sessions = _sessions_of(text)
+        for r in trace.requests:
+            own = line_sessions.get(r.request_id) or (line_sessions.get(r.group) if r.group is not None else None)
+            if many:
+                r.request_id = f"{k}:{r.request_id}"
+                if r.group is not None:
+                    r.group = f"{k}:{r.group}"
+            if own is not None:
+                sessions[r.request_id] = f"{k}:{own}" if many else own
+            assignment[r.request_id] = k
+            requests.append(r)
+    requests.sort(key=lambda r: r.arrival)
+    return FleetWorkload(requests, sessions, assignment, traces)
