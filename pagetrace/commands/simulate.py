@@ -34,9 +34,11 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 
 def simulate(
     requests: Annotated[int | None, typer.Option(help="Synthetic workload: number of requests (default 200).")] = None,
-    trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace, one request per line: prompt or prompt_len, output_len, arrival, n, cache_salt.")] = None,
+    trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace (plain or .gz), one request per line: pagetrace's (prompt or prompt_len, output_len, arrival, n, cache_salt) or Mooncake's published form (timestamp, input_length, output_length, hash_ids), told apart by the first line.")] = None,
+    trace_format: Annotated[str, typer.Option(metavar="FORMAT", help="The --trace file's form: auto (told apart by the first line), pagetrace or mooncake.")] = "auto",
+    step_ms: Annotated[float | None, typer.Option(help="A Mooncake trace's clock: milliseconds per simulated step; request arrival step = floor(timestamp / step-ms). Default: 50.")] = None,
     num_blocks: Annotated[int, typer.Option(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per block. Default: 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
@@ -81,6 +83,11 @@ def simulate(
     if policy not in POLICIES:
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     groups = _hybrid_groups(layers, config_json, policy, events, explain, what_if)
+    trace_text, trace_kind = _trace_source(trace, trace_format, step_ms)
+    if block_size is None:
+        from ..sim.mooncake import MOONCAKE_BLOCK
+
+        block_size = MOONCAKE_BLOCK if trace_kind == "mooncake" else 16
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -135,15 +142,17 @@ def simulate(
              "--html": html}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
-    if trace is not None:
-        try:
-            with open(trace, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        trace_doc = read_trace(text, block_size, trace)
+    if trace_kind == "mooncake":
+        from ..sim.mooncake import DEFAULT_STEP_MS, parse_mooncake
+
+        step = DEFAULT_STEP_MS if step_ms is None else step_ms
+        trace_doc = parse_mooncake(trace_text, block_size, step, trace)
         workload = trace_doc.requests
-        fresh = lambda bs: read_trace(text, bs, trace).requests  # noqa: E731 - a run changes its requests
+        fresh = lambda bs: parse_mooncake(trace_text, bs, step, trace).requests  # noqa: E731 - a run changes its requests
+    elif trace is not None:
+        trace_doc = read_trace(trace_text, block_size, trace)
+        workload = trace_doc.requests
+        fresh = lambda bs: read_trace(trace_text, bs, trace).requests  # noqa: E731 - a run changes its requests
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
@@ -207,6 +216,8 @@ def simulate(
     config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
+    if trace_kind == "mooncake":
+        config["trace_format"], config["step_ms"] = "mooncake", trace_doc.header.source["step_ms"]
     group_doc = _group_memory(result) if groups else None
     if groups:
         config["kv_cache_groups"] = [{"kind": g.kind.kind, "window": g.kind.window, "layers": g.layers} for g in groups]
@@ -255,6 +266,35 @@ def simulate(
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
         out.print(render_what_if(outcomes))
+
+
+TRACE_FORMATS = ("auto", "pagetrace", "mooncake")
+
+
+def _trace_source(trace: str | None, trace_format: str, step_ms: float | None) -> tuple[str | None, str | None]:
+    """The --trace file's text and its form ("pagetrace" or "mooncake"; None without --trace)."""
+    from ..errors import UsageError
+
+    if trace_format not in TRACE_FORMATS:
+        raise UsageError("--trace-format", trace_format, f"must be one of: {', '.join(TRACE_FORMATS)}")
+    if step_ms is not None and not (step_ms > 0 and step_ms < float("inf")):
+        raise UsageError("--step-ms", step_ms, "must be a positive number of milliseconds")
+    if trace is None:
+        if trace_format != "auto":
+            raise UsageError("--trace-format", trace_format, "names the form of a --trace file; give one")
+        if step_ms is not None:
+            raise UsageError("--step-ms", step_ms, "maps a Mooncake trace's timestamps to steps; give its --trace")
+        return None, None
+    from ..sim.mooncake import is_mooncake, read_text
+
+    text = read_text(trace)
+    kind = trace_format
+    if kind == "auto":
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        kind = "mooncake" if is_mooncake(first) else "pagetrace"
+    if step_ms is not None and kind != "mooncake":
+        raise UsageError("--step-ms", step_ms, "maps a Mooncake trace's timestamps to steps; this trace's arrivals are steps already")
+    return text, kind
 
 
 def _hybrid_groups(layers, config_json, policy, events, explain, what_if):

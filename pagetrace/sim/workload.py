@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .request import SimRequest
@@ -109,6 +109,7 @@ class Trace:
     given_hashes: dict[str, list[int]]  # request id -> vLLM's hashes of its full blocks (hashes-only traces)
     lora: dict[str, str]  # request id -> LoRA name, where one was used
     priority: dict[str, int]  # request id -> priority, where not 0 (read, not simulated)
+    times: dict[str, float] = field(default_factory=dict)  # request id -> arrival, seconds since the trace began (where known)
 
 
 def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest]:
