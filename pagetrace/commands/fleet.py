@@ -33,8 +33,10 @@ def fleet(
     session_rate: Annotated[float, typer.Option(help="Synthetic: sessions starting per step (Poisson); 0 = all at step 0.")] = 0.5,
     turn_gap: Annotated[int, typer.Option(help="Synthetic: steps between a session's turns.")] = 40,
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
+    step_ms: Annotated[float | None, typer.Option(help="A Mooncake trace's clock: milliseconds per step (arrival step = floor(timestamp / step-ms)). Default: 50.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Cap every request's output at this many tokens (Mooncake's §5.3.2 set-up: 1).")] = None,
     num_blocks: Annotated[int, typer.Option(help="Blocks in each instance's pool, block 0 included.")] = 1024,
-    block_size: Annotated[int, typer.Option(help="Tokens per block.")] = 16,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per block (default 16; 512 for Mooncake traces, the size of their hash ids).")] = None,
     max_num_batched_tokens: Annotated[int, typer.Option(help="Each instance's token budget per step.")] = 4096,
     max_num_seqs: Annotated[int, typer.Option(help="Each instance's running requests at most.")] = 256,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="Each instance's KV cache: vLLM's block manager or SGLang's radix tree.")] = "vllm",
@@ -56,13 +58,27 @@ def fleet(
     from .simulate import MAX_BLOCKS, parse_range
 
     # -- every option checked before any work --
+    traces = trace or []
+    texts = []
+    if traces:
+        from ..sim.mooncake import MOONCAKE_BLOCK, is_mooncake, read_text
+
+        texts = [read_text(path) for path in traces]
+        kinds = {is_mooncake(next((ln for ln in t.splitlines() if ln.strip()), "")) for t in texts}
+        if block_size is None:
+            block_size = MOONCAKE_BLOCK if kinds == {True} else 16
+    if block_size is None:
+        block_size = 16
+    if step_ms is not None and not (step_ms > 0 and step_ms < float("inf")):
+        raise UsageError("--step-ms", step_ms, "must be a positive number of milliseconds")
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError("--max-tokens", max_tokens, "must be at least 1")
     if router not in ROUTERS:
         raise UsageError("--router", router, f"must be one of: {', '.join(ROUTERS)}")
     if policy not in POLICIES:
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     if cache not in CACHES:
         raise UsageError("--cache", cache, f"must be one of: {', '.join(CACHES)}")
-    traces = trace or []
     if router == "as-recorded":
         if not traces:
             raise UsageError("--router", router, "sends each request where a real router did: give one --trace per instance, each recorded by that instance")
@@ -105,14 +121,7 @@ def fleet(
     if traces:
         from ..sim.fleet_workload import read_fleet_traces
 
-        texts = []
-        for path in traces:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    texts.append(f.read())
-            except (OSError, UnicodeDecodeError) as exc:
-                raise UsageError("--trace", path, getattr(exc, "strerror", None) or str(exc)) from None
-        work = read_fleet_traces(texts, block_size, traces)
+        work = read_fleet_traces(texts, block_size, traces, step_ms)
         reqs, sess, assignment = work.requests, work.sessions, work.assignment
         workload = {"traces": traces}
     else:
@@ -124,6 +133,10 @@ def fleet(
         assignment = None
         workload = {"synthetic": "conversations", "sessions": sessions, "turns": turns, "system_prompt": system_prompt,
                     "user_len": user_len, "output_len": output_len, "session_rate": session_rate, "turn_gap": turn_gap, "seed": seed}
+    if max_tokens is not None:
+        from ..sim.fleet_workload import cap_outputs
+
+        cap_outputs(reqs, max_tokens)
     try:
         route = make_router(router, overlap_weight, sess, assignment)
     except ValueError as exc:
@@ -148,7 +161,7 @@ def fleet(
     doc = {"config": {"instances": instances, "router": router, "cache": cache, "store_tokens": store_tokens,
                       "overlap_weight": overlap_weight, "policy": policy, "num_blocks": num_blocks, "block_size": block_size,
                       "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
-                      "prefix_caching": not no_prefix_caching, "workload": workload},
+                      "prefix_caching": not no_prefix_caching, "max_tokens": max_tokens, "step_ms": step_ms, "workload": workload},
            "fleet": result.to_json()}
     if explain:
         doc["explain"] = [m.to_json() for m in result.missed]

@@ -173,7 +173,7 @@ class FleetResult:
     assignment: list[int]  # request index (arrival order) -> instance
     request_ids: list[str]
     load_stride: int
-    load: list[list[int]]  # sampled every `load_stride` steps: one row per sample, one column per instance
+    load: list[list[int]]  # per window of `load_stride` steps, per instance: the most running + waiting requests at a step's start
     missed: list[Missed]
     store: SharedStore | None
     cache: str
@@ -337,15 +337,13 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
             inflight[req.request_id] = req
             if per_request is not None:
                 per_request.append({"id": req.request_id, "instance": i})
-        if not busy:  # every instance idle until the next arrival: its samples are zeros
+        if not busy:  # every instance idle until the next arrival
             t = pending[nxt].arrival
-            while len(load) * load_stride < t:
-                load.append([0] * n)
             continue
-        if t % load_stride == 0:
-            while len(load) * load_stride < t:
-                load.append([0] * n)
-            load.append([insts[k].load() if k in busy else 0 for k in range(n)])
+        w = t // load_stride
+        while len(load) <= w:
+            load.append([0] * n)
+        window = load[w]
         for i in sorted(busy):
             inst = insts[i]
             sched = inst.sched
@@ -353,6 +351,8 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
             inst.load_sum += n_load
             if n_load > inst.peak_load:
                 inst.peak_load = n_load
+            if n_load > window[i]:
+                window[i] = n_load
             rec = sched.step()
             inst.busy_steps += 1
             inst.evicted_blocks += rec.evicted
@@ -407,5 +407,7 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
             if not sched.waiting and not sched.running:
                 busy.discard(i)
         t += 1
+    while len(load) * load_stride < t:  # the windows up to the end
+        load.append([0] * n)
     missed = [m for m in missed_by_id.values() if m.missed_tokens > 0]
     return FleetResult(insts, t, len(ids), assignment, ids, load_stride, load, missed, store, cache, events, per_request)

@@ -46,16 +46,34 @@ def _sessions_of(text: str) -> dict[str, str]:
     return out
 
 
-def read_fleet_traces(texts: list[str], block_size: int, names: list[str]) -> FleetWorkload:
+def cap_outputs(requests: list[SimRequest], max_tokens: int) -> None:
+    """Every request generates at most `max_tokens` tokens (a client's max_tokens; Mooncake's
+    §5.3.2 set-up restricts outputs to 1 to look at prefill alone)."""
+    for r in requests:
+        if r.max_tokens > max_tokens:
+            r.output = r.output[:max_tokens]
+            r.max_tokens = max_tokens
+
+
+def read_fleet_traces(texts: list[str], block_size: int, names: list[str], step_ms: float | None = None) -> FleetWorkload:
+    """Each text is simulate's trace format or Mooncake's (told apart by its first line,
+    mooncake.py); a Mooncake trace's arrivals are `floor(timestamp / step_ms)`."""
+    from .mooncake import DEFAULT_STEP_MS, is_mooncake, parse_mooncake
+
     many = len(texts) > 1
     requests: list[SimRequest] = []
     sessions: dict[str, str] = {}
     assignment: dict[str, int] = {}
     traces = []
     for k, (text, name) in enumerate(zip(texts, names)):
-        trace = read_trace(text, block_size, name)
+        first = next((ln for ln in text.splitlines() if ln.strip()), "")
+        if is_mooncake(first):
+            trace = parse_mooncake(text, block_size, DEFAULT_STEP_MS if step_ms is None else step_ms, name)
+            line_sessions = {}
+        else:
+            trace = read_trace(text, block_size, name)
+            line_sessions = _sessions_of(text)
         traces.append(trace)
-        line_sessions = _sessions_of(text)
         for r in trace.requests:
             own = line_sessions.get(r.request_id) or (line_sessions.get(r.group) if r.group is not None else None)
             if many:

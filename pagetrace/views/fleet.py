@@ -40,7 +40,7 @@ def render_fleet(doc: dict, spark_width: int = 24) -> Group:
     load = Table(title="load over time (running + waiting requests)", title_justify="left", box=None, padding=(0, 1), header_style="bold")
     for name in ("instance", "mean", "peak"):
         header(load, name, justify="right", no_wrap=True)
-    header(load, f"every {fleet['load']['stride']:,} steps", no_wrap=True)
+    header(load, f"most in each {fleet['load']['stride']:,} steps", no_wrap=True)
 
     def row(name, d):
         p, o = d["prompt_tokens"], d["outcomes"]
