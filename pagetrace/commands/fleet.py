@@ -153,7 +153,7 @@ def fleet(
     try:
         result = run_fleet(reqs, route, instances, num_blocks, block_size, config, policy, not no_prefix_caching,
                            max_model_len=pool_tokens, cache=cache, store_blocks=(store_tokens or 0) // block_size,
-                           explain=explain, load_stride=max(1, -(-span // load_samples)))
+                           explain=explain, load_stride=max(1, -(-span // load_samples)), release=True)
     except ValueError as exc:
         from ..errors import RuntimeFailure
 

@@ -255,11 +255,13 @@ def run_fleet(
     max_steps: int = MAX_STEPS,
     record_events: bool = False,
     keep_requests: bool = False,
+    release: bool = False,
 ) -> FleetResult:
     """Run the requests (sorted by arrival, ties in the given order) through the fleet.
 
     `record_events` keeps each instance's vLLM KV events as `simulate` does (the check
     against a real fleet); it runs every step explicitly (no cruising), as `simulate` does then.
+    `release` drops a finished request's block hashes and causes (memory at a million requests).
     """
     if not 1 <= instances <= MAX_INSTANCES:
         raise ValueError(f"a fleet has 1 to {MAX_INSTANCES} instances, not {instances}")
@@ -278,13 +280,13 @@ def run_fleet(
         insts = make_instances(instances, num_blocks, block_size, config or SchedulerConfig(), policy, enable_caching,
                                max_model_len, cache, store)
         return _run(sorted(requests, key=lambda r: r.arrival), router, insts, store, cache, explain, load_stride,
-                    max_steps, record_events, keep_requests)
+                    max_steps, record_events, keep_requests, release)
     finally:
         if paused:
             gc.enable()
 
 
-def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, record_events, keep_requests) -> FleetResult:
+def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, record_events, keep_requests, release) -> FleetResult:
     n = len(insts)
     logs = None
     if record_events:
@@ -331,7 +333,8 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
             inst.sched.add(req)
             inst.requests += 1
             inst.prompt_tokens += req.prompt_len
-            order[req.request_id] = len(ids)
+            if per_request is not None:
+                order[req.request_id] = len(ids)
             ids.append(req.request_id)
             assignment.append(i)
             inflight[req.request_id] = req
@@ -399,7 +402,11 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
                         store.put(e[1])
                     log.clear()
             for rid in rec.finished:
-                del inflight[rid]
+                done = inflight.pop(rid)
+                if release:  # its chain of hashes is the bulk of a finished request's memory
+                    done.block_hashes = []
+                    done.content_hashes = []
+                    done.why = None
             if not rec.scheduled and not sched.running and sched.waiting:
                 head = sched.waiting[0]
                 raise ValueError(f"request {head.request_id} needs {head.num_tokens} tokens of KV cache, more than an "
