@@ -44,6 +44,8 @@ def fleet(
     cache: Annotated[str, typer.Option(metavar="local|store|pooled", help="local: each instance reads its own pool; store: also a shared store of --store-tokens holding the blocks pools evict; pooled: also every other instance's pool (Mooncake's global cache).")] = "local",
     store_tokens: Annotated[int | None, typer.Option(help="--cache store: the shared store's capacity in tokens (whole blocks).")] = None,
     overlap_weight: Annotated[float, typer.Option(help="prefix-aware: Dynamo's overlap_score_weight (its default 1; large: longest prefix first).")] = 1.0,
+    max_model_len: Annotated[int | None, typer.Option(help="Each instance's longest request (default: its pool's tokens).")] = None,
+    events: Annotated[list[str] | None, typer.Option(metavar="FILE", help="A recorded KV events file (.kvev) per --trace, in the same order (as-recorded): each instance's predicted events are compared with its server's, block for block; a divergence exits 1.")] = None,
     load_samples: Annotated[int, typer.Option(help="Load over time: samples of each instance's running + waiting requests over the run.")] = 60,
     explain: Annotated[bool, typer.Option("--explain", help="Name, for each miss, the instance that held the prefix when the router sent the request elsewhere.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
@@ -117,6 +119,17 @@ def fleet(
     if no_prefix_caching and cache != "local":
         raise UsageError("--cache", cache, "shares cached blocks; drop --no-prefix-caching")
 
+    event_files = events or []
+    if event_files:
+        if router != "as-recorded":
+            raise UsageError("--events", event_files[0], "compares each instance with the server it stands for: route --router as-recorded")
+        if len(event_files) != len(traces):
+            raise UsageError("--events", event_files[0], f"give one --events per --trace ({len(traces)} traces, {len(event_files)} events files)")
+        if policy != "vllm" or cache != "local" or no_prefix_caching:
+            raise UsageError("--events", event_files[0], "vLLM's KV events are compared with --policy vllm, --cache local and prefix caching on")
+    if max_model_len is not None and max_model_len < 1:
+        raise UsageError("--max-model-len", max_model_len, "must be at least 1")
+
     # -- the workload --
     if traces:
         from ..sim.fleet_workload import read_fleet_traces
@@ -148,12 +161,28 @@ def fleet(
     longest = max(len(r.prompt) + len(r.output) - 1 for r in reqs)
     if longest > pool_tokens:
         raise UsageError("--num-blocks", num_blocks, f"a request stores {longest:,} tokens; {num_blocks - 1:,} usable blocks of {block_size} hold {pool_tokens:,}")
+    if max_model_len is None:
+        max_model_len = pool_tokens
+    elif longest > max_model_len:
+        raise UsageError("--max-model-len", max_model_len, f"a request stores {longest:,} tokens; raise it to at least that")
+    streams = []
+    for path in event_files:
+        from ..sim import events as ev
+
+        try:
+            streams.append(ev.read_file(path))
+        except OSError as exc:
+            raise UsageError("--events", path, exc.strerror or str(exc)) from None
+        except ev.EventError as exc:
+            raise UsageError("--events", path, str(exc)) from None
+    given = list(reqs)  # compare reads the requests as given
     span = max(r.arrival for r in reqs) + 1
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs)
     try:
         result = run_fleet(reqs, route, instances, num_blocks, block_size, config, policy, not no_prefix_caching,
-                           max_model_len=pool_tokens, cache=cache, store_blocks=(store_tokens or 0) // block_size,
-                           explain=explain, load_stride=max(1, -(-span // load_samples)), release=True)
+                           max_model_len=max_model_len, cache=cache, store_blocks=(store_tokens or 0) // block_size,
+                           explain=explain, load_stride=max(1, -(-span // load_samples)), release=not streams,
+                           record_events=bool(streams))
     except ValueError as exc:
         from ..errors import RuntimeFailure
 
@@ -165,8 +194,19 @@ def fleet(
            "fleet": result.to_json()}
     if explain:
         doc["explain"] = [m.to_json() for m in result.missed]
+    verdicts = []
+    if streams:
+        from ..sim.compare import compare
+
+        for k, (stream, path) in enumerate(zip(streams, event_files)):
+            c = compare(result.instance_run(k, given), work.traces[k], stream, block_size)
+            verdicts.append({"instance": k, "trace": traces[k], "events": path, **c.to_json(), "gaps": [list(g) for g in stream.gaps],
+                             "problems": stream.problems})
+        doc["events"] = verdicts
+        doc["passed"] = all(v["equal"] and not v["gaps"] for v in verdicts)
     if json_output:
         emit_json(doc)
+        _verdict(verdicts)
         return
     from ..views.fleet import render_fleet, render_missed
 
@@ -174,3 +214,19 @@ def fleet(
     out.print(render_fleet(doc))
     if explain:
         out.print(render_missed(doc["explain"]))
+    if verdicts:
+        from ..views.fleet import render_verdicts
+
+        out.print(render_verdicts(verdicts))
+    _verdict(verdicts)
+
+
+def _verdict(verdicts: list[dict]) -> None:
+    """Exit 1 when an instance's predicted events differ from its server's."""
+    bad = [v for v in verdicts if not v["equal"] or v["gaps"]]
+    if bad:
+        from ..errors import RuntimeFailure
+
+        v = bad[0]
+        raise RuntimeFailure(f"instance {v['instance']}'s predicted KV events differ from {v['events']}: they agree on the first "
+                             f"{v['agree']} of {v['server_items']}" + (f" ({len(bad)} instances differ)" if len(bad) > 1 else ""))

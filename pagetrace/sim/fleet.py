@@ -166,6 +166,15 @@ class Missed:
 
 
 @dataclass(slots=True)
+class InstanceRun:
+    """One instance's run in the shape `compare.compare` reads (a `SimResult`'s requests, events, policy)."""
+
+    requests: list[SimRequest]
+    events: list
+    policy: object
+
+
+@dataclass(slots=True)
 class FleetResult:
     instances: list[Instance]
     steps: int  # the fleet's clock at the end
@@ -179,6 +188,12 @@ class FleetResult:
     cache: str
     events: list[list] | None = None  # per instance: its (step, that step's KV events), when recorded
     per_request: list[dict] | None = None  # per request (arrival order): instance and outcomes, when kept
+
+    def instance_run(self, k: int, requests: list[SimRequest]) -> InstanceRun:
+        """Instance k's run for a comparison with that server's KV events (`requests`: the
+        workload as given; those routed to k are taken)."""
+        mine = {rid for rid, i in zip(self.request_ids, self.assignment) if i == k}
+        return InstanceRun([r for r in requests if r.request_id in mine], self.events[k], self.instances[k].policy)
 
     def outcomes(self) -> dict:
         total = dict.fromkeys(OUTCOMES, 0)

@@ -74,6 +74,9 @@ def read_fleet_traces(texts: list[str], block_size: int, names: list[str], step_
             trace = read_trace(text, block_size, name)
             line_sessions = _sessions_of(text)
         traces.append(trace)
+        if many:  # the trace's own per-request maps follow its ids (compare.py reads them by request id)
+            for attr in ("given_hashes", "lora", "priority"):
+                setattr(trace, attr, {f"{k}:{rid}": v for rid, v in getattr(trace, attr).items()})
         for r in trace.requests:
             own = line_sessions.get(r.request_id) or (line_sessions.get(r.group) if r.group is not None else None)
             if many:

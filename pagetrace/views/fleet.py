@@ -85,3 +85,15 @@ def render_missed(missed: list[dict], rows: int = 10) -> Group:
         first.add_row(m["request"], str(m["instance"]), f"{m['cached_blocks']} blocks", str(m["held_by"]), f"{m['held_blocks']} blocks",
                       f"{m['missed_tokens']:,}")
     return Group(Fitted(t), Fitted(first))
+
+
+def render_verdicts(verdicts: list[dict]) -> Fitted:
+    """Each instance's predicted KV events against its server's."""
+    t = Table(title="each instance against its server's KV events", title_justify="left", box=None, padding=(0, 1), header_style="bold")
+    for name in ("instance", "events file", "predicted", "server", "agree", "verdict"):
+        header(t, name, justify="left" if name in ("events file", "verdict") else "right")
+    for v in verdicts:
+        ok = v["equal"] and not v["gaps"]
+        t.add_row(str(v["instance"]), v["events"], f"{v['predicted_items']:,}", f"{v['server_items']:,}", f"{v['agree']:,}",
+                  Text("block for block" if ok else "DIFFERS", style="green" if ok else "bold red"))
+    return Fitted(t)

