@@ -200,7 +200,8 @@ def simulate(
         stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
         from ..sim.compare import compare
 
-        comparison = compare(result, trace_doc, stream, block_size)
+        comparison = compare(result, trace_doc, stream, block_size,
+                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
     explained = None
     if explain or json_output or html is not None:
         from ..sim.explain import explain_requests
@@ -229,6 +230,7 @@ def simulate(
         if outcomes:
             doc["what_if"] = [o.to_json() for o in outcomes]
         if comparison is not None:
+            doc = {"passed": comparison.passed, **doc}
             doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
                              "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
     if html is not None:
@@ -241,9 +243,10 @@ def simulate(
             written.append(html)
             if not json_output:
                 stderr_console().print(f"wrote {html}", markup=False, emoji=False, soft_wrap=True)
+    verdict = 0 if comparison is None or comparison.passed else 1  # a prediction that diverges fails the run
     if json_output:
         emit_json(doc)
-        return
+        return verdict
     from ..views.sim import render_simulation
 
     err = stderr_console()
@@ -266,6 +269,11 @@ def simulate(
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
         out.print(render_what_if(outcomes))
+    if comparison is not None:
+        from ..views.sim import render_verdict
+
+        out.print(render_verdict(comparison), markup=False, soft_wrap=True)
+    return verdict
 
 
 TRACE_FORMATS = ("auto", "pagetrace", "mooncake")

@@ -199,10 +199,20 @@ def render_comparison(cmp, stream, source: str) -> str:
             lines.append(f"    {who}: {s['did']}" + (f" {s['hash']} ({s['where']}{extra})" if "hash" in s else ""))
         if "reason" in d:
             lines.append(f"  why: {d['reason']}")
+        for hint in cmp.likely:
+            lines.append(f"  likely: {hint['setting']}: {hint['why']}")
     if stream.gaps:
         lines.append("  sequence gaps: " + ", ".join(f"{a}..{b}" for a, b in stream.gaps))
     lines += [f"  note: {n}" for n in cmp.notes]
     return "\n".join(lines)
+
+
+def render_verdict(cmp) -> str:
+    """The last line of `simulate --events`: passed, or failed with the first thing that likely differs."""
+    if cmp.passed:
+        return f"passed: the server's {cmp.server:,} block events are predicted one for one, in order"
+    first = f" ({cmp.likely[0]['setting']} likely differs)" if cmp.likely else ""
+    return f"failed: the prediction diverges from the server's events at event {cmp.agree:,}{first}"
 
 
 def render_what_if(outcomes) -> Fitted:
