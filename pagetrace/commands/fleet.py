@@ -199,7 +199,8 @@ def fleet(
         from ..sim.compare import compare
 
         for k, (stream, path) in enumerate(zip(streams, event_files)):
-            c = compare(result.instance_run(k, given), work.traces[k], stream, block_size)
+            c = compare(result.instance_run(k, given), work.traces[k], stream, block_size,
+                        {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
             verdicts.append({"instance": k, "trace": traces[k], "events": path, **c.to_json(), "gaps": [list(g) for g in stream.gaps],
                              "problems": stream.problems})
         doc["events"] = verdicts

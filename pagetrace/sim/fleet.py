@@ -172,6 +172,7 @@ class InstanceRun:
     requests: list[SimRequest]
     events: list
     policy: object
+    steps: list  # its StepRecords
 
 
 @dataclass(slots=True)
@@ -188,12 +189,13 @@ class FleetResult:
     cache: str
     events: list[list] | None = None  # per instance: its (step, that step's KV events), when recorded
     per_request: list[dict] | None = None  # per request (arrival order): instance and outcomes, when kept
+    step_records: list[list] | None = None  # per instance: its StepRecords, when events are recorded
 
     def instance_run(self, k: int, requests: list[SimRequest]) -> InstanceRun:
         """Instance k's run for a comparison with that server's KV events (`requests`: the
         workload as given; those routed to k are taken)."""
         mine = {rid for rid, i in zip(self.request_ids, self.assignment) if i == k}
-        return InstanceRun([r for r in requests if r.request_id in mine], self.events[k], self.instances[k].policy)
+        return InstanceRun([r for r in requests if r.request_id in mine], self.events[k], self.instances[k].policy, self.step_records[k])
 
     def outcomes(self) -> dict:
         total = dict.fromkeys(OUTCOMES, 0)
@@ -314,6 +316,7 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
                 inst.policy.pool.event_log = logs[-1]
             inst.sched.cruise = False
     events = [[] for _ in insts] if record_events else None
+    step_records = [[] for _ in insts] if record_events else None
     assignment: list[int] = []
     ids: list[str] = []
     order: dict[str, int] = {}
@@ -373,6 +376,8 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
                 window[i] = n_load
             rec = sched.step()
             inst.busy_steps += 1
+            if step_records is not None:
+                step_records[i].append(rec)
             inst.evicted_blocks += rec.evicted
             if rec.used_blocks > inst.peak_blocks:
                 inst.peak_blocks = rec.used_blocks
@@ -432,4 +437,4 @@ def _run(pending, router, insts, store, cache, explain, load_stride, max_steps, 
     while len(load) * load_stride < t:  # the windows up to the end
         load.append([0] * n)
     missed = [m for m in missed_by_id.values() if m.missed_tokens > 0]
-    return FleetResult(insts, t, len(ids), assignment, ids, load_stride, load, missed, store, cache, events, per_request)
+    return FleetResult(insts, t, len(ids), assignment, ids, load_stride, load, missed, store, cache, events, per_request, step_records)

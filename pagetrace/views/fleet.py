@@ -87,7 +87,7 @@ def render_missed(missed: list[dict], rows: int = 10) -> Group:
     return Group(Fitted(t), Fitted(first))
 
 
-def render_verdicts(verdicts: list[dict]) -> Fitted:
+def render_verdicts(verdicts: list[dict]) -> Group:
     """Each instance's predicted KV events against its server's."""
     t = Table(title="each instance against its server's KV events", title_justify="left", box=None, padding=(0, 1), header_style="bold")
     for name in ("instance", "events file", "predicted", "server", "agree", "verdict"):
@@ -96,4 +96,11 @@ def render_verdicts(verdicts: list[dict]) -> Fitted:
         ok = v["equal"] and not v["gaps"]
         t.add_row(str(v["instance"]), v["events"], f"{v['predicted_items']:,}", f"{v['server_items']:,}", f"{v['agree']:,}",
                   Text("block for block" if ok else "DIFFERS", style="green" if ok else "bold red"))
-    return Fitted(t)
+    lines = []
+    for v in verdicts:
+        d = v.get("first_divergence")
+        if d and d.get("reason"):
+            lines.append(Text(f"instance {v['instance']}: {d['reason']}"))
+        for hint in v.get("likely", ()):
+            lines.append(Text(f"instance {v['instance']}: likely {hint['setting']}: {hint['why']}"))
+    return Group(Fitted(t), *lines)
