@@ -69,6 +69,7 @@ def point(kind: str, size: int, instances: int, router: str, max_tokens: int | N
 
 def spawn(*args) -> dict:
     out = subprocess.run([sys.executable, __file__, "--point", json.dumps(args)], capture_output=True, text=True, check=True)
+    print(out.stdout.strip(), flush=True)  # as each point finishes
     return json.loads(out.stdout)
 
 
@@ -99,8 +100,6 @@ def main() -> None:
             for router in args.router or ["round-robin"]:
                 rate = args.session_rate if args.session_rate is not None else n / 100
                 rows.append(spawn("synthetic", size, n, router, args.max_tokens, rate, args.cache))
-    for row in rows:
-        print(json.dumps(row))
 
 
 if __name__ == "__main__":
