@@ -37,19 +37,19 @@ def simulate(
     trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace (plain or .gz), one request per line: pagetrace's (prompt or prompt_len, output_len, arrival, n, cache_salt) or Mooncake's published form (timestamp, input_length, output_length, hash_ids), told apart by the first line.")] = None,
     trace_format: Annotated[str, typer.Option(metavar="FORMAT", help="The --trace file's form: auto (told apart by the first line), pagetrace or mooncake.")] = "auto",
     step_ms: Annotated[float | None, typer.Option(help="A Mooncake trace's clock: milliseconds per simulated step; request arrival step = floor(timestamp / step-ms). Default: 50.")] = None,
-    num_blocks: Annotated[int, typer.Option(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
-    block_size: Annotated[int | None, typer.Option(help="Tokens per block. Default: 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
+    num_blocks: Annotated[int | None, typer.Option(help="Blocks in the pool, block 0 (the null block) included. Default: the recording server's (a trace's header, an events file), else 1024.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per block. Default: the recording server's (a trace's header), 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
     n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
     arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
-    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
-    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
-    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
-    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Tokens per step (the scheduler's token budget). Default: the recording server's, else 4096.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Running requests at most. Default: the recording server's, else 256.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: the recording server's, else 2048 (or the longest request), at most the pool's tokens.")] = None,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (default: the recording server's, else on, vLLM's default).")] = False,
+    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (default: the recording server's, else split, vLLM's default).")] = False,
     at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
     timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
@@ -69,7 +69,6 @@ def simulate(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
 ) -> None:
-    prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -84,10 +83,29 @@ def simulate(
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     groups = _hybrid_groups(layers, config_json, policy, events, explain, what_if)
     trace_text, trace_kind = _trace_source(trace, trace_format, step_ms)
-    if block_size is None:
-        from ..sim.mooncake import MOONCAKE_BLOCK
-
-        block_size = MOONCAKE_BLOCK if trace_kind == "mooncake" else 16
+    if events is not None:
+        if trace is None:
+            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
+        if policy != "vllm":
+            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
+    elif events_bind:
+        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
+    if not events_timeout > 0 or events_timeout > 3600:
+        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
+    live = events is not None and events.startswith(("tcp://", "ipc://"))
+    if events_bind and not live:
+        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    stream = None
+    if events is not None and not live:
+        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)  # a file: its settings are defaults too
+    resolved = _settings(trace_text, trace_kind, stream, {"num_blocks": num_blocks, "block_size": block_size,
+                                                          "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                                                          "max_model_len": max_model_len, "chunked_prefill": False if no_chunked_prefill else None,
+                                                          "prefix_caching": False if no_prefix_caching else None})
+    v = resolved.values
+    num_blocks, block_size, max_num_batched_tokens, max_num_seqs = v["num_blocks"], v["block_size"], v["max_num_batched_tokens"], v["max_num_seqs"]
+    prefix_caching, chunked_prefill = v["prefix_caching"], v["chunked_prefill"]
+    server_model_len = v["max_model_len"] if "max_model_len" in resolved.taken else None
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -115,20 +133,8 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    if events is not None:
-        if trace is None:
-            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
-        if policy != "vllm":
-            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
-        if no_prefix_caching:
-            raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
-    elif events_bind:
-        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
-    if not events_timeout > 0 or events_timeout > 3600:
-        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
-    live = events is not None and events.startswith(("tcp://", "ipc://"))
-    if events_bind and not live:
-        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    if events is not None and not prefix_caching:
+        raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
     from ..sim.whatif import Setting, parse_what_if
 
     base_setting = Setting(num_blocks, block_size, policy, prefix_caching, max_num_batched_tokens, max_num_seqs)
@@ -166,7 +172,11 @@ def simulate(
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:
         raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {plural(num_blocks - 1, 'usable block')} of {block_size} hold {pool_tokens}")
-    if max_model_len is None:
+    if max_model_len is None and server_model_len is not None:  # the server's: Orca (Max) reserves at most the pool
+        max_model_len = min(server_model_len, pool_tokens)
+        if longest > max_model_len:
+            raise UsageError("--trace", trace, f"a request stores {longest} tokens, more than the server's max_model_len {max_model_len}")
+    elif max_model_len is None:
         max_model_len = min(max(2048, longest), pool_tokens)
     elif max_model_len > pool_tokens:
         raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
@@ -178,6 +188,8 @@ def simulate(
         raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
                          f"with --no-chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
+    if resolved.line():  # every option checked: the flags that contradict the recording, in one line
+        stderr_console().print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
     runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
     progress = _progress(runs, quiet=json_output)
@@ -195,13 +207,15 @@ def simulate(
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
-    comparison = stream = None
+    comparison = None
     if events is not None:
-        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
+        if stream is None:  # live: listened to after the simulation
+            stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
         from ..sim.compare import compare
 
         comparison = compare(result, trace_doc, stream, block_size,
-                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
+                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                              "overridden": resolved.overridden})
     explained = None
     if explain or json_output or html is not None:
         from ..sim.explain import explain_requests
@@ -219,6 +233,9 @@ def simulate(
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
     if trace_kind == "mooncake":
         config["trace_format"], config["step_ms"] = "mooncake", trace_doc.header.source["step_ms"]
+    if resolved.taken or resolved.overridden:
+        config["from_server"] = resolved.taken  # setting -> where it came from (the trace's header, the events file)
+        config["overridden"] = resolved.overridden  # flags that contradict the recording: {given, server, source}
     group_doc = _group_memory(result) if groups else None
     if groups:
         config["kv_cache_groups"] = [{"kind": g.kind.kind, "window": g.kind.window, "layers": g.layers} for g in groups]
@@ -277,6 +294,32 @@ def simulate(
 
 
 TRACE_FORMATS = ("auto", "pagetrace", "mooncake")
+
+
+def _settings(trace_text, trace_kind, stream, given: dict):
+    """The run's settings: the flags, else the recording's (the trace's header, then the events
+    file's), else the defaults (a flag that contradicts the recording: `Resolved.line`)."""
+    import json
+
+    from ..sim.settings import resolve
+    from ..sim.trace import header_from_json
+
+    sources = []
+    if trace_kind == "pagetrace":
+        first = next((line for line in trace_text.splitlines() if line.strip()), "")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "format" in obj:
+            header = header_from_json(obj)
+            sources.append(("the trace's header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+    if stream is not None and stream.settings:
+        sources.append(("the events file", stream.settings))
+    from ..sim.mooncake import MOONCAKE_BLOCK
+
+    resolved = resolve(given, sources, {"block_size": MOONCAKE_BLOCK} if trace_kind == "mooncake" else None)
+    return resolved
 
 
 def _trace_source(trace: str | None, trace_format: str, step_ms: float | None) -> tuple[str | None, str | None]:
