@@ -68,6 +68,9 @@ def simulate(
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", metavar="KEY=V,V,...", help="Run the workload at each value instead of once and print hit rate and peak use per point: capacity (tokens: 1M, 3M, inf), num-blocks (inf: nothing evicted), block-size, policy; repeat for a grid.")] = None,
+    jobs: Annotated[int | None, typer.Option(help="--sweep: points run at once, in processes (default: every core).")] = None,
+    sweep_chart: Annotated[str | None, typer.Option(metavar="PATH", help="--sweep: write hit rate against capacity in tokens as SVG.")] = None,
 ) -> None:
     from ..errors import UsageError, plural
     from ..files import check_outputs
@@ -168,6 +171,15 @@ def simulate(
     if last >= MAX_STEPS:
         option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
         raise UsageError(option, value, f"a request arrives at step {last:,}; the simulator runs at most {MAX_STEPS:,} steps")
+    if sweep or jobs is not None or sweep_chart:
+        from ..sim.sweep import WorkloadSource
+
+        source = (WorkloadSource(trace_kind, trace, trace_doc.header.source.get("step_ms") if trace_kind == "mooncake" else None)
+                  if trace is not None else WorkloadSource("synthetic", synthetic=spec))
+        others = {"--events": events, "--what-if": what_if, "--html": html, "--svg": svg, "--png": png, "--chart": chart,
+                  "--tables-svg": tables_svg, "--tables-png": tables_png, "--at": at, "--explain": explain or None,
+                  "--layers": layers, "--config": config_json}
+        return _sweep(sweep, jobs, sweep_chart, others, source, workload, resolved, policy, max_model_len, json_output)
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:
@@ -294,6 +306,113 @@ def simulate(
 
 
 TRACE_FORMATS = ("auto", "pagetrace", "mooncake")
+SWEEP_KEYS = ("capacity", "num-blocks", "block-size", "policy")
+
+
+def _sweep(sweep, jobs, chart, others, source, workload, resolved, policy, max_model_len, json_output) -> int:
+    """--sweep: the points (the product of each --sweep's values, the rest as the run would be set),
+    run in processes (sim/sweep.py), one row each; --json: {"config", "points"}."""
+    import itertools
+    import math
+
+    from ..errors import UsageError
+    from ..paging.blocks import MAX_BLOCK_SIZE
+    from ..sim.run import POLICIES
+    from ..sim.sweep import PointSpec, blocks_for_everything, parse_tokens, run_points
+    from .output import emit_json, stderr_console, stdout_console
+
+    if not sweep:
+        raise UsageError("--jobs" if jobs is not None else "--sweep-chart", jobs if jobs is not None else chart, "belongs to --sweep; give one")
+    for option, value in others.items():
+        if value:
+            raise UsageError("--sweep", sweep[0], f"runs many points and reports each in one row; drop {option}")
+    if jobs is not None and jobs < 1:
+        raise UsageError("--jobs", jobs, "must be at least 1")
+    axes: dict[str, list] = {}
+    for text in sweep:
+        key, sep, values = text.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or key not in SWEEP_KEYS or not parts:
+            raise UsageError("--sweep", text, f"give KEY=V1,V2,... with a key of: {', '.join(SWEEP_KEYS)}")
+        if key in axes or (key in ("capacity", "num-blocks") and {"capacity", "num-blocks"} & set(axes)):
+            raise UsageError("--sweep", text, f"{key} is swept twice (capacity and num-blocks are one axis)")
+        try:
+            if key == "policy":
+                if any(p not in POLICIES for p in parts):
+                    raise ValueError
+                axes[key] = parts
+            elif key == "capacity":
+                axes[key] = [parse_tokens(p) for p in parts]
+            else:
+                axes[key] = [math.inf if key == "num-blocks" and p == "inf" else int(p) for p in parts]
+                low = 2 if key == "num-blocks" else 1
+                if any(v < low or (key == "block-size" and v > MAX_BLOCK_SIZE) for v in axes[key]):
+                    raise ValueError
+        except ValueError:
+            what = {"policy": f"one of {', '.join(POLICIES)}", "capacity": "token counts like 3000000, 3M or inf",
+                    "num-blocks": "integers of at least 2, or inf", "block-size": f"integers 1..{MAX_BLOCK_SIZE:,}"}[key]
+            raise UsageError("--sweep", text, f"{key} values are {what}") from None
+    v = resolved.values
+    sizes = axes.get("block-size", [v["block_size"]])
+    pools = axes.get("capacity") or axes.get("num-blocks") or [v["num_blocks"]]
+    by_capacity = "capacity" in axes
+    from ..sim.sweep import load_requests
+
+    everything = {}
+    for bs in sizes:  # read here once per block size: a trace that cannot be read at one is refused before any point runs
+        try:
+            everything[bs] = blocks_for_everything(load_requests(source, bs) if bs != v["block_size"] else workload, bs)
+        except UsageError as exc:
+            raise UsageError("--sweep", f"block-size={bs}", str(exc).split(": ", 2)[-1]) from None
+    longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
+    specs = []
+    texts = dict(zip(pools, next((t.partition("=")[2].split(",") for t in sweep if t.startswith(("capacity=", "num-blocks="))), [])))
+    for bs, pool, pol in itertools.product(sizes, pools, axes.get("policy", [policy])):
+        if pool == math.inf:
+            blocks, label = everything[bs], "inf (nothing evicted)"
+        else:
+            blocks = math.ceil(pool / bs) + 1 if by_capacity else int(pool)
+            label = f"{texts.get(pool, pool).strip()} tokens" if by_capacity else f"{blocks:,} blocks"
+        label += "".join(part for key, part in (("block-size", f", block size {bs}"), ("policy", f", {pol}")) if key in axes)
+        if (blocks - 1) * bs < longest:
+            raise UsageError("--sweep", label, f"a request stores {longest:,} tokens; {blocks - 1:,} usable blocks of {bs} hold {(blocks - 1) * bs:,}")
+        specs.append(PointSpec(source, blocks, bs, pol, v["max_num_batched_tokens"], v["max_num_seqs"], max_model_len or (
+            v["max_model_len"] if "max_model_len" in resolved.taken else None), v["prefix_caching"], v["chunked_prefill"], label))
+    err = stderr_console()
+    done = [0]
+
+    def tell(i, point):
+        done[0] += 1
+        if not json_output:
+            err.print(f"sweep: {done[0]}/{len(specs)} {point['label']}: hit rate {point['hit_rate']:.1%} ({point['seconds']:.1f} s)",
+                      markup=False, emoji=False, soft_wrap=True)
+
+    if resolved.line():
+        err.print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
+    try:
+        points = run_points(specs, jobs, on_done=tell)
+    except ValueError as exc:
+        raise UsageError("--sweep", sweep[0], str(exc)) from None
+    written = []
+    if chart:
+        from ..files import write_outputs
+        from ..views.sim_pictures import sweep_svg
+
+        name = source.path or "synthetic workload"
+        written = write_outputs([(chart, sweep_svg(points, f"prefix-cache hit rate against capacity: {name}").encode())])
+    doc = {"config": {"workload": source.path or "synthetic", "trace_format": source.kind, "policy": policy,
+                      "max_num_batched_tokens": v["max_num_batched_tokens"], "max_num_seqs": v["max_num_seqs"],
+                      "prefix_caching": v["prefix_caching"], "chunked_prefill": v["chunked_prefill"],
+                      "jobs": jobs, "sweep": sweep}, "points": points, "written": written}
+    if json_output:
+        emit_json(doc)
+        return 0
+    from ..views.sim import render_sweep
+
+    for path in written:
+        err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    stdout_console().print(render_sweep(points))
+    return 0
 
 
 def _settings(trace_text, trace_kind, stream, given: dict):
