@@ -37,19 +37,19 @@ def simulate(
     trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace (plain or .gz), one request per line: pagetrace's (prompt or prompt_len, output_len, arrival, n, cache_salt) or Mooncake's published form (timestamp, input_length, output_length, hash_ids), told apart by the first line.")] = None,
     trace_format: Annotated[str, typer.Option(metavar="FORMAT", help="The --trace file's form: auto (told apart by the first line), pagetrace or mooncake.")] = "auto",
     step_ms: Annotated[float | None, typer.Option(help="A Mooncake trace's clock: milliseconds per simulated step; request arrival step = floor(timestamp / step-ms). Default: 50.")] = None,
-    num_blocks: Annotated[int, typer.Option(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
-    block_size: Annotated[int | None, typer.Option(help="Tokens per block. Default: 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
+    num_blocks: Annotated[int | None, typer.Option(help="Blocks in the pool, block 0 (the null block) included. Default: the recording server's (a trace's header, an events file), else 1024.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="Tokens per block. Default: the recording server's (a trace's header), 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, typer.Option(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
     n: Annotated[int, typer.Option("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
     arrival_rate: Annotated[float, typer.Option(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Tokens per step (the scheduler's token budget).")] = 4096,
-    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
-    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
-    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
-    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Tokens per step (the scheduler's token budget). Default: the recording server's, else 4096.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Running requests at most. Default: the recording server's, else 256.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Longest request: Orca (Max) reserves this much for every request. Default: the recording server's, else 2048 (or the longest request), at most the pool's tokens.")] = None,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (default: the recording server's, else on, vLLM's default).")] = False,
+    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (default: the recording server's, else split, vLLM's default).")] = False,
     at: Annotated[int | None, typer.Option(help="Show every request's block table after this step.")] = None,
     timeline_rows: Annotated[int, typer.Option(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
@@ -68,8 +68,10 @@ def simulate(
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", metavar="KEY=V,V,...", help="Run the workload at each value instead of once and print hit rate and peak use per point: capacity (tokens: 1M, 3M, inf), num-blocks (inf: nothing evicted), block-size, policy; repeat for a grid.")] = None,
+    jobs: Annotated[int | None, typer.Option(help="--sweep: points run at once, in processes (default: every core).")] = None,
+    sweep_chart: Annotated[str | None, typer.Option(metavar="PATH", help="--sweep: write hit rate against capacity in tokens as SVG.")] = None,
 ) -> None:
-    prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -84,10 +86,29 @@ def simulate(
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     groups = _hybrid_groups(layers, config_json, policy, events, explain, what_if)
     trace_text, trace_kind = _trace_source(trace, trace_format, step_ms)
-    if block_size is None:
-        from ..sim.mooncake import MOONCAKE_BLOCK
-
-        block_size = MOONCAKE_BLOCK if trace_kind == "mooncake" else 16
+    if events is not None:
+        if trace is None:
+            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
+        if policy != "vllm":
+            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
+    elif events_bind:
+        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
+    if not events_timeout > 0 or events_timeout > 3600:
+        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
+    live = events is not None and events.startswith(("tcp://", "ipc://"))
+    if events_bind and not live:
+        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    stream = None
+    if events is not None and not live:
+        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)  # a file: its settings are defaults too
+    resolved = _settings(trace_text, trace_kind, stream, {"num_blocks": num_blocks, "block_size": block_size,
+                                                          "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                                                          "max_model_len": max_model_len, "chunked_prefill": False if no_chunked_prefill else None,
+                                                          "prefix_caching": False if no_prefix_caching else None})
+    v = resolved.values
+    num_blocks, block_size, max_num_batched_tokens, max_num_seqs = v["num_blocks"], v["block_size"], v["max_num_batched_tokens"], v["max_num_seqs"]
+    prefix_caching, chunked_prefill = v["prefix_caching"], v["chunked_prefill"]
+    server_model_len = v["max_model_len"] if "max_model_len" in resolved.taken else None
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -115,20 +136,8 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    if events is not None:
-        if trace is None:
-            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
-        if policy != "vllm":
-            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
-        if no_prefix_caching:
-            raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
-    elif events_bind:
-        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
-    if not events_timeout > 0 or events_timeout > 3600:
-        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
-    live = events is not None and events.startswith(("tcp://", "ipc://"))
-    if events_bind and not live:
-        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    if events is not None and not prefix_caching:
+        raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
     from ..sim.whatif import Setting, parse_what_if
 
     base_setting = Setting(num_blocks, block_size, policy, prefix_caching, max_num_batched_tokens, max_num_seqs)
@@ -162,11 +171,24 @@ def simulate(
     if last >= MAX_STEPS:
         option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
         raise UsageError(option, value, f"a request arrives at step {last:,}; the simulator runs at most {MAX_STEPS:,} steps")
+    if sweep or jobs is not None or sweep_chart:
+        from ..sim.sweep import WorkloadSource
+
+        source = (WorkloadSource(trace_kind, trace, trace_doc.header.source.get("step_ms") if trace_kind == "mooncake" else None)
+                  if trace is not None else WorkloadSource("synthetic", synthetic=spec))
+        others = {"--events": events, "--what-if": what_if, "--html": html, "--svg": svg, "--png": png, "--chart": chart,
+                  "--tables-svg": tables_svg, "--tables-png": tables_png, "--at": at, "--explain": explain or None,
+                  "--layers": layers, "--config": config_json}
+        return _sweep(sweep, jobs, sweep_chart, others, source, workload, resolved, policy, max_model_len, json_output)
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:
         raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {plural(num_blocks - 1, 'usable block')} of {block_size} hold {pool_tokens}")
-    if max_model_len is None:
+    if max_model_len is None and server_model_len is not None:  # the server's: Orca (Max) reserves at most the pool
+        max_model_len = min(server_model_len, pool_tokens)
+        if longest > max_model_len:
+            raise UsageError("--trace", trace, f"a request stores {longest} tokens, more than the server's max_model_len {max_model_len}")
+    elif max_model_len is None:
         max_model_len = min(max(2048, longest), pool_tokens)
     elif max_model_len > pool_tokens:
         raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
@@ -178,6 +200,8 @@ def simulate(
         raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
                          f"with --no-chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
+    if resolved.line():  # every option checked: the flags that contradict the recording, in one line
+        stderr_console().print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
     runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
     progress = _progress(runs, quiet=json_output)
@@ -195,13 +219,15 @@ def simulate(
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
-    comparison = stream = None
+    comparison = None
     if events is not None:
-        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
+        if stream is None:  # live: listened to after the simulation
+            stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
         from ..sim.compare import compare
 
         comparison = compare(result, trace_doc, stream, block_size,
-                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs})
+                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                              "overridden": resolved.overridden})
     explained = None
     if explain or json_output or html is not None:
         from ..sim.explain import explain_requests
@@ -219,6 +245,9 @@ def simulate(
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
     if trace_kind == "mooncake":
         config["trace_format"], config["step_ms"] = "mooncake", trace_doc.header.source["step_ms"]
+    if resolved.taken or resolved.overridden:
+        config["from_server"] = resolved.taken  # setting -> where it came from (the trace's header, the events file)
+        config["overridden"] = resolved.overridden  # flags that contradict the recording: {given, server, source}
     group_doc = _group_memory(result) if groups else None
     if groups:
         config["kv_cache_groups"] = [{"kind": g.kind.kind, "window": g.kind.window, "layers": g.layers} for g in groups]
@@ -277,6 +306,139 @@ def simulate(
 
 
 TRACE_FORMATS = ("auto", "pagetrace", "mooncake")
+SWEEP_KEYS = ("capacity", "num-blocks", "block-size", "policy")
+
+
+def _sweep(sweep, jobs, chart, others, source, workload, resolved, policy, max_model_len, json_output) -> int:
+    """--sweep: the points (the product of each --sweep's values, the rest as the run would be set),
+    run in processes (sim/sweep.py), one row each; --json: {"config", "points"}."""
+    import itertools
+    import math
+
+    from ..errors import UsageError
+    from ..paging.blocks import MAX_BLOCK_SIZE
+    from ..sim.run import POLICIES
+    from ..sim.sweep import PointSpec, blocks_for_everything, parse_tokens, run_points
+    from .output import emit_json, stderr_console, stdout_console
+
+    if not sweep:
+        raise UsageError("--jobs" if jobs is not None else "--sweep-chart", jobs if jobs is not None else chart, "belongs to --sweep; give one")
+    for option, value in others.items():
+        if value:
+            raise UsageError("--sweep", sweep[0], f"runs many points and reports each in one row; drop {option}")
+    if jobs is not None and jobs < 1:
+        raise UsageError("--jobs", jobs, "must be at least 1")
+    axes: dict[str, list] = {}
+    for text in sweep:
+        key, sep, values = text.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or key not in SWEEP_KEYS or not parts:
+            raise UsageError("--sweep", text, f"give KEY=V1,V2,... with a key of: {', '.join(SWEEP_KEYS)}")
+        if key in axes or (key in ("capacity", "num-blocks") and {"capacity", "num-blocks"} & set(axes)):
+            raise UsageError("--sweep", text, f"{key} is swept twice (capacity and num-blocks are one axis)")
+        try:
+            if key == "policy":
+                if any(p not in POLICIES for p in parts):
+                    raise ValueError
+                axes[key] = parts
+            elif key == "capacity":
+                axes[key] = [parse_tokens(p) for p in parts]
+            else:
+                axes[key] = [math.inf if key == "num-blocks" and p == "inf" else int(p) for p in parts]
+                low = 2 if key == "num-blocks" else 1
+                if any(v < low or (key == "block-size" and v > MAX_BLOCK_SIZE) for v in axes[key]):
+                    raise ValueError
+        except ValueError:
+            what = {"policy": f"one of {', '.join(POLICIES)}", "capacity": "token counts like 3000000, 3M or inf",
+                    "num-blocks": "integers of at least 2, or inf", "block-size": f"integers 1..{MAX_BLOCK_SIZE:,}"}[key]
+            raise UsageError("--sweep", text, f"{key} values are {what}") from None
+    v = resolved.values
+    sizes = axes.get("block-size", [v["block_size"]])
+    pools = axes.get("capacity") or axes.get("num-blocks") or [v["num_blocks"]]
+    by_capacity = "capacity" in axes
+    from ..sim.sweep import load_requests
+
+    everything = {}
+    for bs in sizes:  # read here once per block size: a trace that cannot be read at one is refused before any point runs
+        try:
+            everything[bs] = blocks_for_everything(load_requests(source, bs) if bs != v["block_size"] else workload, bs)
+        except UsageError as exc:
+            raise UsageError("--sweep", f"block-size={bs}", str(exc).split(": ", 2)[-1]) from None
+    longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
+    specs = []
+    texts = dict(zip(pools, next((t.partition("=")[2].split(",") for t in sweep if t.startswith(("capacity=", "num-blocks="))), [])))
+    for bs, pool, pol in itertools.product(sizes, pools, axes.get("policy", [policy])):
+        if pool == math.inf:
+            blocks, label = everything[bs], "inf (nothing evicted)"
+        else:
+            blocks = math.ceil(pool / bs) + 1 if by_capacity else int(pool)
+            label = f"{texts.get(pool, pool).strip()} tokens" if by_capacity else f"{blocks:,} blocks"
+        label += "".join(part for key, part in (("block-size", f", block size {bs}"), ("policy", f", {pol}")) if key in axes)
+        if (blocks - 1) * bs < longest:
+            raise UsageError("--sweep", label, f"a request stores {longest:,} tokens; {blocks - 1:,} usable blocks of {bs} hold {(blocks - 1) * bs:,}")
+        specs.append(PointSpec(source, blocks, bs, pol, v["max_num_batched_tokens"], v["max_num_seqs"], max_model_len or (
+            v["max_model_len"] if "max_model_len" in resolved.taken else None), v["prefix_caching"], v["chunked_prefill"], label))
+    err = stderr_console()
+    done = [0]
+
+    def tell(i, point):
+        done[0] += 1
+        if not json_output:
+            err.print(f"sweep: {done[0]}/{len(specs)} {point['label']}: hit rate {point['hit_rate']:.1%} ({point['seconds']:.1f} s)",
+                      markup=False, emoji=False, soft_wrap=True)
+
+    if resolved.line():
+        err.print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
+    try:
+        points = run_points(specs, jobs, on_done=tell)
+    except ValueError as exc:
+        raise UsageError("--sweep", sweep[0], str(exc)) from None
+    written = []
+    if chart:
+        from ..files import write_outputs
+        from ..views.sim_pictures import sweep_svg
+
+        name = source.path or "synthetic workload"
+        written = write_outputs([(chart, sweep_svg(points, f"prefix-cache hit rate against capacity: {name}").encode())])
+    doc = {"config": {"workload": source.path or "synthetic", "trace_format": source.kind, "policy": policy,
+                      "max_num_batched_tokens": v["max_num_batched_tokens"], "max_num_seqs": v["max_num_seqs"],
+                      "prefix_caching": v["prefix_caching"], "chunked_prefill": v["chunked_prefill"],
+                      "jobs": jobs, "sweep": sweep}, "points": points, "written": written}
+    if json_output:
+        emit_json(doc)
+        return 0
+    from ..views.sim import render_sweep
+
+    for path in written:
+        err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    stdout_console().print(render_sweep(points))
+    return 0
+
+
+def _settings(trace_text, trace_kind, stream, given: dict):
+    """The run's settings: the flags, else the recording's (the trace's header, then the events
+    file's), else the defaults (a flag that contradicts the recording: `Resolved.line`)."""
+    import json
+
+    from ..sim.settings import resolve
+    from ..sim.trace import header_from_json
+
+    sources = []
+    if trace_kind == "pagetrace":
+        first = next((line for line in trace_text.splitlines() if line.strip()), "")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "format" in obj:
+            header = header_from_json(obj)
+            sources.append(("the trace's header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+    if stream is not None and stream.settings:
+        sources.append(("the events file", stream.settings))
+    from ..sim.mooncake import MOONCAKE_BLOCK
+
+    resolved = resolve(given, sources, {"block_size": MOONCAKE_BLOCK} if trace_kind == "mooncake" else None)
+    return resolved
 
 
 def _trace_source(trace: str | None, trace_format: str, step_ms: float | None) -> tuple[str | None, str | None]:

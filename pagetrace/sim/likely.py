@@ -39,19 +39,25 @@ def _first_other_step(steps, server_steps: dict[int, dict]) -> tuple[int, int, i
 
 def likely_differences(pred, serv, agree: int, stream, trace, block_size: int, settings: dict, result_steps=()) -> list[dict]:
     out: list[dict] = []
+    for key, o in (settings.get("overridden") or {}).items():  # a flag that contradicts the recording: the likeliest
+        out.append({"setting": key, "simulated": o["given"], "server": o["server"],
+                    "why": f"{o['source']} says the server ran with {key} {o['server']}; the simulation was given {o['given']}"})
+    named = {h["setting"] for h in out}
     sizes = Counter(ev.block_size for b in stream.batches for ev in b.events if isinstance(ev, BlockStored))
     other = [size for size, _ in sizes.most_common() if size != block_size]
-    if other:
+    if other and "block_size" not in named:
         out.append({"setting": "block_size", "simulated": block_size, "server": other[0],
                     "why": f"the server's BlockStored events hold {other[0]}-token blocks; the simulation's hold {block_size}"})
     header = getattr(trace, "header", None)
-    if header is not None and header.block_size and header.block_size != block_size and not other:
+    if header is not None and header.block_size and header.block_size != block_size and not other and "block_size" not in named:
         out.append({"setting": "block_size", "simulated": block_size, "server": header.block_size,
                     "why": f"the trace's header says the server's blocks hold {header.block_size} tokens; the simulation's hold {block_size}"})
     a = pred[agree] if agree < len(pred) else None
     b = serv[agree] if agree < len(serv) else None
     pool = settings.get("num_blocks")
-    if b is not None and b.kind == "removed" and (a is None or a.kind != "removed"):
+    if "num_blocks" in named:
+        pass
+    elif b is not None and b.kind == "removed" and (a is None or a.kind != "removed"):
         out.append({"setting": "num_blocks", "simulated": pool,
                     "why": f"the server evicted a cached block ({b.where}) where the simulated pool of {pool} blocks still had a free one: "
                            "the server's pool is likely smaller (vLLM logs its size at start: 'GPU KV cache size', num_gpu_blocks)"})
@@ -60,7 +66,7 @@ def likely_differences(pred, serv, agree: int, stream, trace, block_size: int, s
                     "why": f"the simulation evicted a cached block ({a.where}) where the server did not: "
                            f"the server's pool is likely larger than {pool} blocks"})
     first = _first_other_step(result_steps, getattr(trace, "steps", None) or {})
-    if first is not None:
+    if first is not None and not named & {"max_num_batched_tokens", "max_num_seqs", "chunked_prefill"}:
         step, server, simulated = first
         budget, seqs = settings.get("max_num_batched_tokens"), settings.get("max_num_seqs")
         side = (f"the server admitted fewer tokens than the simulated budget allows (max_num_batched_tokens {budget}, "

@@ -215,6 +215,21 @@ def render_verdict(cmp) -> str:
     return f"failed: the prediction diverges from the server's events at event {cmp.agree:,}{first}"
 
 
+def render_sweep(points: list[dict]) -> Fitted:
+    """One row per --sweep point: capacity, hit rate (vLLM's metric), peak blocks in use."""
+    t = Table(title="sweep: the same workload at each point", title_justify="left")
+    t.add_column("point", no_wrap=True, min_width=min(max(len(p["label"]) for p in points), 30))
+    for col in ("capacity", "hit rate", "peak use", "preempted", "evicted"):
+        header(t, col, justify="right")
+    for p in points:
+        t.add_row(p["label"], f"{p['capacity_tokens']:,}", f"{p['hit_rate']:.1%}", f"{p['peak_used_share']:.0%}",
+                  f"{p['preemptions']:,}", f"{p['evictions']:,}")
+    t.caption = ("capacity: tokens the pool holds; hit rate: prompt tokens served from the cache at admission, as vLLM's "
+                 "prefix-cache metric counts them; peak use: blocks in use after a step, of the pool's usable blocks")
+    t.caption_justify = "left"
+    return Fitted(t)
+
+
 def render_what_if(outcomes) -> Fitted:
     t = Table(title="what if: the same workload under other settings", title_justify="left")
     t.add_column("setting", no_wrap=True, min_width=min(max(len(o.label) for o in outcomes), 40))
