@@ -35,10 +35,10 @@ def fleet(
     seed: Annotated[int, typer.Option(help="Synthetic: random seed.")] = 0,
     step_ms: Annotated[float | None, typer.Option(help="A Mooncake trace's clock: milliseconds per step (arrival step = floor(timestamp / step-ms)). Default: 50.")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Cap every request's output at this many tokens (Mooncake's §5.3.2 set-up: 1).")] = None,
-    num_blocks: Annotated[int, typer.Option(help="Blocks in each instance's pool, block 0 included.")] = 1024,
+    num_blocks: Annotated[int | None, typer.Option(help="Blocks in each instance's pool, block 0 included (default: the recordings' server's, else 1024).")] = None,
     block_size: Annotated[int | None, typer.Option(help="Tokens per block (default 16; 512 for Mooncake traces, the size of their hash ids).")] = None,
-    max_num_batched_tokens: Annotated[int, typer.Option(help="Each instance's token budget per step.")] = 4096,
-    max_num_seqs: Annotated[int, typer.Option(help="Each instance's running requests at most.")] = 256,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="Each instance's token budget per step (default: the recordings' server's, else 4096).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Each instance's running requests at most (default: the recordings' server's, else 256).")] = None,
     policy: Annotated[str, typer.Option(metavar="vllm|sglang", help="Each instance's KV cache: vLLM's block manager or SGLang's radix tree.")] = "vllm",
     no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn prefix caching off on every instance.")] = False,
     cache: Annotated[str, typer.Option(metavar="local|store|pooled", help="local: each instance reads its own pool; store: also a shared store of --store-tokens holding the blocks pools evict; pooled: also every other instance's pool (Mooncake's global cache).")] = "local",
@@ -67,10 +67,25 @@ def fleet(
 
         texts = [read_text(path) for path in traces]
         kinds = {is_mooncake(next((ln for ln in t.splitlines() if ln.strip()), "")) for t in texts}
-        if block_size is None:
-            block_size = MOONCAKE_BLOCK if kinds == {True} else 16
-    if block_size is None:
-        block_size = 16
+    streams = []
+    for path in events or []:
+        from ..sim import events as ev
+
+        try:
+            streams.append(ev.read_file(path))
+        except OSError as exc:
+            raise UsageError("--events", path, exc.strerror or str(exc)) from None
+        except ev.EventError as exc:
+            raise UsageError("--events", path, str(exc)) from None
+    # the settings: the flags, else the recording servers' (each trace's header, each events file's), else the defaults
+    resolved = _settings(texts, traces, streams, events or [], {"num_blocks": num_blocks, "block_size": block_size,
+                         "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs, "max_model_len": max_model_len,
+                         "prefix_caching": False if no_prefix_caching else None, "chunked_prefill": None},
+                         bool(texts) and kinds == {True})
+    v = resolved.values
+    num_blocks, block_size, max_num_batched_tokens, max_num_seqs = v["num_blocks"], v["block_size"], v["max_num_batched_tokens"], v["max_num_seqs"]
+    server_model_len = v["max_model_len"] if "max_model_len" in resolved.taken or max_model_len is not None else None
+    no_prefix_caching, chunked_prefill = not v["prefix_caching"], v["chunked_prefill"]
     if step_ms is not None and not (step_ms > 0 and step_ms < float("inf")):
         raise UsageError("--step-ms", step_ms, "must be a positive number of milliseconds")
     if max_tokens is not None and max_tokens < 1:
@@ -161,23 +176,18 @@ def fleet(
     longest = max(len(r.prompt) + len(r.output) - 1 for r in reqs)
     if longest > pool_tokens:
         raise UsageError("--num-blocks", num_blocks, f"a request stores {longest:,} tokens; {num_blocks - 1:,} usable blocks of {block_size} hold {pool_tokens:,}")
+    max_model_len = server_model_len
     if max_model_len is None:
         max_model_len = pool_tokens
     elif longest > max_model_len:
         raise UsageError("--max-model-len", max_model_len, f"a request stores {longest:,} tokens; raise it to at least that")
-    streams = []
-    for path in event_files:
-        from ..sim import events as ev
-
-        try:
-            streams.append(ev.read_file(path))
-        except OSError as exc:
-            raise UsageError("--events", path, exc.strerror or str(exc)) from None
-        except ev.EventError as exc:
-            raise UsageError("--events", path, str(exc)) from None
     given = list(reqs)  # compare reads the requests as given
     span = max(r.arrival for r in reqs) + 1
-    config = SchedulerConfig(max_num_batched_tokens, max_num_seqs)
+    config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
+    if resolved.line():  # every option checked: the flags that contradict the recordings, in one line
+        from .output import stderr_console
+
+        stderr_console().print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
     try:
         result = run_fleet(reqs, route, instances, num_blocks, block_size, config, policy, not no_prefix_caching,
                            max_model_len=max_model_len, cache=cache, store_blocks=(store_tokens or 0) // block_size,
@@ -190,7 +200,9 @@ def fleet(
     doc = {"config": {"instances": instances, "router": router, "cache": cache, "store_tokens": store_tokens,
                       "overlap_weight": overlap_weight, "policy": policy, "num_blocks": num_blocks, "block_size": block_size,
                       "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
-                      "prefix_caching": not no_prefix_caching, "max_tokens": max_tokens, "step_ms": step_ms, "workload": workload},
+                      "prefix_caching": not no_prefix_caching, "chunked_prefill": chunked_prefill, "max_model_len": max_model_len,
+                      "max_tokens": max_tokens, "step_ms": step_ms, "workload": workload,
+                      "from_server": resolved.taken, "overridden": resolved.overridden},
            "fleet": result.to_json()}
     if explain:
         doc["explain"] = [m.to_json() for m in result.missed]
@@ -220,6 +232,39 @@ def fleet(
 
         out.print(render_verdicts(verdicts))
     _verdict(verdicts)
+
+
+def _settings(texts: list[str], traces: list[str], streams: list, event_files: list[str], given: dict, mooncake: bool):
+    """sim/settings.py `resolve` over every recording: each trace's header, then each events
+    file's settings. A fleet's instances share one setting: recordings that disagree on one the
+    flags leave open are refused, naming it."""
+    import json
+
+    from ..errors import UsageError
+    from ..sim.mooncake import MOONCAKE_BLOCK
+    from ..sim.settings import OPTIONS, resolve, show
+    from ..sim.trace import header_from_json
+
+    sources = []
+    for text, path in zip(texts, traces):
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "format" in obj:
+            header = header_from_json(obj)
+            sources.append((f"{path}'s header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+    sources += [(f"{path}'s settings", stream.settings) for stream, path in zip(streams, event_files) if stream.settings]
+    for key in OPTIONS:
+        seen = {(name, s[key]) for name, s in sources if s.get(key) is not None}
+        values = {value for _, value in seen}
+        if given.get(key) is None and len(values) > 1:
+            ordered = sorted(seen, key=lambda x: str(x[1]))
+            (a, va), (b, vb) = ordered[0], ordered[-1]
+            raise UsageError(OPTIONS[key], None, f"the recordings' servers differ ({a}: {show(va)}, {b}: {show(vb)}); "
+                                                 f"a fleet's instances share one setting: give {OPTIONS[key]}")
+    return resolve(given, sources, {"block_size": MOONCAKE_BLOCK} if mooncake else None)
 
 
 def _verdict(verdicts: list[dict]) -> None:
