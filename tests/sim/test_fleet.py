@@ -275,3 +275,23 @@ def test_as_recorded_fleet_reproduces_each_recorded_servers_events(tmp_path):
     _one_line_exit_2(["--router", "round-robin", "--trace", str(ex / "server_trace.jsonl"), "--events", str(ex / "server_events.kvev")], "--events")
     _one_line_exit_2(["--router", "as-recorded", "--trace", str(ex / "server_trace.jsonl"), "--trace", str(ex / "server_trace.jsonl"),
                       "--events", str(ex / "server_events.kvev"), *settings], "--events")
+
+
+def test_settings_come_from_the_recordings_and_must_agree(tmp_path):
+    def recording(path, server):
+        head = {"format": "pagetrace-trace", "version": 1, "block_size": 4, "server": server}
+        path.write_text(json.dumps(head) + "\n" + json.dumps({"id": "q", "prompt": A, "output_len": 2}) + "\n")
+        return str(path)
+
+    a = recording(tmp_path / "a.jsonl", {"num_blocks": 16, "max_num_seqs": 8})
+    b = recording(tmp_path / "b.jsonl", {"num_blocks": 16, "max_num_seqs": 8})
+    c = recording(tmp_path / "c.jsonl", {"num_blocks": 24, "max_num_seqs": 8})
+    res = runner.invoke(app, ["fleet", "--router", "as-recorded", "--trace", a, "--trace", b, "--json"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads(res.stdout)["config"]
+    assert (cfg["num_blocks"], cfg["max_num_seqs"], cfg["block_size"]) == (16, 8, 4)
+    assert cfg["from_server"]["num_blocks"] == f"{a}'s header"
+    _one_line_exit_2(["--router", "as-recorded", "--trace", a, "--trace", c], "--num-blocks")
+    res = runner.invoke(app, ["fleet", "--router", "as-recorded", "--trace", a, "--trace", c, "--num-blocks", "20", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["config"]["num_blocks"] == 20
+    assert "note: simulating with --num-blocks 20" in res.stderr
