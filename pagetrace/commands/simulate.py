@@ -68,6 +68,8 @@ def simulate(
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
+    step_model: Annotated[str | None, typer.Option(metavar="TRACE", help="A trace recorded inside vllm serve (its step lines): fit seconds per step to what a step runs, and estimate TTFT and end-to-end latency percentiles of this run with it.")] = None,
+    step_model_check: Annotated[str | None, typer.Option(metavar="TRACE", help="A second recording of the same server: the --step-model's error on its steps.")] = None,
     sweep: Annotated[list[str] | None, typer.Option("--sweep", metavar="KEY=V,V,...", help="Run the workload at each value instead of once and print hit rate and peak use per point: capacity (tokens: 1M, 3M, inf), num-blocks (inf: nothing evicted), block-size, policy; repeat for a grid.")] = None,
     jobs: Annotated[int | None, typer.Option(help="--sweep: points run at once, in processes (default: every core).")] = None,
     sweep_chart: Annotated[str | None, typer.Option(metavar="PATH", help="--sweep: write hit rate against capacity in tokens as SVG.")] = None,
@@ -178,7 +180,7 @@ def simulate(
                   if trace is not None else WorkloadSource("synthetic", synthetic=spec))
         others = {"--events": events, "--what-if": what_if, "--html": html, "--svg": svg, "--png": png, "--chart": chart,
                   "--tables-svg": tables_svg, "--tables-png": tables_png, "--at": at, "--explain": explain or None,
-                  "--layers": layers, "--config": config_json}
+                  "--layers": layers, "--config": config_json, "--step-model": step_model}
         return _sweep(sweep, jobs, sweep_chart, others, source, workload, resolved, policy, max_model_len, json_output)
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
@@ -200,6 +202,9 @@ def simulate(
         raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
                          f"with --no-chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
+    if step_model_check is not None and step_model is None:
+        raise UsageError("--step-model-check", step_model_check, "checks a --step-model; give the recording to fit")
+    model = _step_model(step_model, step_model_check) if step_model is not None else None
     if resolved.line():  # every option checked: the flags that contradict the recording, in one line
         stderr_console().print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
@@ -254,8 +259,16 @@ def simulate(
     doc = simulate_json(config, result, summary, written, explained) if json_output or html is not None else None
     if doc is not None and group_doc is not None:
         doc["summary"]["kv_cache_groups"] = group_doc
+    step_doc = None
+    if model is not None:
+        from ..sim.steptime import latencies
+
+        step_doc = {"model": model[0].to_json(), "check": model[1],
+                    "latency": latencies(result, model[0], block_size, max_num_batched_tokens)}
     if doc is not None:
         doc["summary"]["vllm_metric"] = _metric(result)
+        if step_doc is not None:
+            doc["step_model"] = step_doc
         if outcomes:
             doc["what_if"] = [o.to_json() for o in outcomes]
         if comparison is not None:
@@ -298,6 +311,10 @@ def simulate(
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
         out.print(render_what_if(outcomes))
+    if step_doc is not None:
+        from ..views.sim import render_step_model
+
+        out.print(render_step_model(step_doc), markup=False, soft_wrap=True)
     if comparison is not None:
         from ..views.sim import render_verdict
 
@@ -465,6 +482,41 @@ def _trace_source(trace: str | None, trace_format: str, step_ms: float | None) -
     if step_ms is not None and kind != "mooncake":
         raise UsageError("--step-ms", step_ms, "maps a Mooncake trace's timestamps to steps; this trace's arrivals are steps already")
     return text, kind
+
+
+def _step_model(path: str, check: str | None):
+    """(the model fitted on `path`'s step lines, its error on `check`'s or None)."""
+    from ..errors import UsageError
+    from ..sim import steptime
+
+    def steps_of(option: str, p: str) -> dict:
+        import json
+
+        from ..sim.mooncake import read_text
+        from ..sim.workload import read_trace
+
+        try:
+            text = read_text(p)
+            first = next((line for line in text.splitlines() if line.strip()), "{}")
+            try:
+                size = json.loads(first).get("block_size") or 16
+            except (ValueError, AttributeError):
+                size = 16
+            return read_trace(text, size, p).steps
+        except UsageError as exc:
+            raise UsageError(option, p, str(exc).split(": ", 2)[-1]) from None
+
+    try:
+        model = steptime.fit(steps_of("--step-model", path), path)
+    except ValueError as exc:
+        raise UsageError("--step-model", path, str(exc)) from None
+    result = None
+    if check is not None:
+        try:
+            result = steptime.evaluate(model, steps_of("--step-model-check", check), check)
+        except ValueError as exc:
+            raise UsageError("--step-model-check", check, str(exc)) from None
+    return model, result
 
 
 def _hybrid_groups(layers, config_json, policy, events, explain, what_if):

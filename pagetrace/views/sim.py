@@ -230,6 +230,24 @@ def render_sweep(points: list[dict]) -> Fitted:
     return Fitted(t)
 
 
+def render_step_model(doc: dict) -> str:
+    """The fitted step-time model, its error on a second recording, and the latency estimates."""
+    m, c = doc["model"]["coefficients"], doc["check"]
+    lat = doc["latency"]
+    lines = [f"step time, fitted on {doc['model']['source']} ({doc['model']['steps_fitted']:,} steps, "
+             f"{doc['model']['steps_left_out']:,} left out as idle gaps or outliers): seconds = {m['c0']:.3g} + {m['c1']:.3g} x tokens "
+             f"+ {m['c2']:.3g} x requests + {m['c3']:.3g} x K/V tokens read; mean error {doc['model']['mae_seconds'] * 1000:.2f} ms a step"]
+    if c is not None:
+        lines.append(f"  on {c['source']} ({c['steps']:,} steps, {c['mean_step_seconds'] * 1000:.2f} ms each on average): mean error "
+                     f"{c['mae_seconds'] * 1000:.2f} ms a step; total {c['predicted_total_seconds']:.2f} s predicted, "
+                     f"{c['total_seconds']:.2f} s measured ({c['total_relative_error']:+.1%})")
+    t, e = lat["ttft_seconds"], lat["e2e_seconds"]
+    lines.append(f"  estimates of this model for this run ({lat['requests']:,} requests, {lat['total_seconds']:.2f} s of steps): "
+                 f"TTFT p50 {t['p50']:.3f} s, p90 {t['p90']:.3f} s, p99 {t['p99']:.3f} s; end-to-end p50 {e['p50']:.3f} s, "
+                 f"p90 {e['p90']:.3f} s, p99 {e['p99']:.3f} s")
+    return "\n".join(lines)
+
+
 def render_what_if(outcomes) -> Fitted:
     t = Table(title="what if: the same workload under other settings", title_justify="left")
     t.add_column("setting", no_wrap=True, min_width=min(max(len(o.label) for o in outcomes), 40))

@@ -106,3 +106,14 @@ def test_the_events_file_carries_the_settings_too(recording, capsys):
     settings = read_file(str(events)).settings
     header = json.loads(trace.read_text().splitlines()[0])["server"]
     assert settings == header
+
+
+def test_a_step_model_from_the_servers_own_steps(recording, capsys):
+    """Fitted on the recording's step lines, checked on them (one server, one recording here:
+    the figures are the fit's own error; docs/simulate.md has a second recording's)."""
+    trace, _, _ = recording
+    code, out, err = cli(capsys, "simulate", "--trace", str(trace), "--step-model", str(trace), "--step-model-check", str(trace), "--json")
+    assert code == 0, err
+    doc = json.loads(out)["step_model"]
+    assert doc["model"]["steps_fitted"] >= 8 and doc["check"]["steps"] >= 8
+    assert 0 < doc["latency"]["ttft_seconds"]["p50"] <= doc["latency"]["e2e_seconds"]["p99"]
