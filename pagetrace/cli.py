@@ -42,8 +42,9 @@ class PagetraceGroup(TyperGroup):
 
             from typer.models import CommandInfo
 
-            module = importlib.import_module(f".commands.{name}", __package__)  # light: each imports its work when it runs
-            info = CommandInfo(name, callback=getattr(module, name), help=module.HELP, epilog=module.EPILOG)
+            attr = name.replace("-", "_")  # fleet-sweep: commands/fleet_sweep.py, its function fleet_sweep
+            module = importlib.import_module(f".commands.{attr}", __package__)  # light: each imports its work when it runs
+            info = CommandInfo(name, callback=getattr(module, attr), help=module.HELP, epilog=module.EPILOG)
             command = typer.main.get_command_from_info(info, pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode)
             self.add_command(command, name)
         return super().get_command(ctx, name)
@@ -89,7 +90,7 @@ def _root(
 
 # the commands, in --help's order: each module (pagetrace/commands/NAME.py) is imported and made a
 # click command only when that command runs or --help lists it (PagetraceGroup.get_command)
-COMMANDS = ("lookup", "where", "layouts", "run", "diagram", "simulate", "capacity", "check", "replay")
+COMMANDS = ("lookup", "where", "layouts", "run", "diagram", "simulate", "fleet", "fleet-sweep", "capacity", "check", "replay")
 
 
 def _fail(message: str, code: int) -> int:

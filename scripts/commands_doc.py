@@ -72,7 +72,7 @@ def options_table(name: str) -> str:
     from pagetrace.cli import app
 
     command = typer.main.get_command(app).get_command(None, name)
-    function = getattr(importlib.import_module(f"pagetrace.commands.{name}"), name)
+    function = getattr(importlib.import_module(f"pagetrace.commands.{name.replace('-', '_')}"), name.replace("-", "_"))
     kinds = _kinds(function)
     helps = _declared_help(function)
     rows = ["| option | value | default | meaning |", "|---|---|---|---|"]

@@ -36,20 +36,22 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 
 def simulate(
     requests: Annotated[int | None, IntOption(help="Synthetic workload: number of requests (default 200).")] = None,
-    trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace, one request per line: prompt or prompt_len, output_len, arrival, n, cache_salt.")] = None,
-    num_blocks: Annotated[int, IntOption(help="Blocks in the pool, block 0 (the null block) included.")] = 1024,
-    block_size: Annotated[int, IntOption(help="Tokens per block.")] = 16,
+    trace: Annotated[str | None, typer.Option(metavar="FILE", help="JSONL trace (plain or .gz), one request per line: pagetrace's (prompt or prompt_len, output_len, arrival, n, cache_salt) or Mooncake's published form (timestamp, input_length, output_length, hash_ids), told apart by the first line.")] = None,
+    trace_format: Annotated[str, typer.Option(metavar="FORMAT", help="The --trace file's form: auto (told apart by the first line), pagetrace or mooncake.")] = "auto",
+    step_ms: Annotated[float | None, FloatOption(help="A Mooncake trace's clock: milliseconds per simulated step; request arrival step = floor(timestamp / step-ms). Default: 50.")] = None,
+    num_blocks: Annotated[int | None, IntOption(help="Blocks in the pool, block 0 (the null block) included. Default: the recording server's (a trace's header, an events file), else 1024.")] = None,
+    block_size: Annotated[int | None, IntOption(help="Tokens per block. Default: the recording server's (a trace's header), 512 for a Mooncake trace (its hash_ids' blocks), else 16.")] = None,
     prompt_len: Annotated[str, typer.Option(help="Synthetic: prompt tokens of each request's own, fixed or low:high (uniform).")] = "64:512",
     output_len: Annotated[str, typer.Option(help="Synthetic: output tokens, fixed or low:high (uniform).")] = "16:256",
     shared_prefix: Annotated[int, IntOption(help="Synthetic: tokens of a system prompt every request starts with.")] = 0,
     n: Annotated[int, IntOption("--n", help="Synthetic: parallel samples per request (n > 1 shares the prompt's blocks; --policy sglang prefills the prompt alone first, as SGLang does).")] = 1,
     arrival_rate: Annotated[float, FloatOption(help="Synthetic: requests arriving per step (Poisson); 0 = all at step 0.")] = 2.0,
     seed: Annotated[int, IntOption(help="Synthetic: random seed.")] = 0,
-    max_num_batched_tokens: Annotated[int, IntOption(help="Tokens per step (the scheduler's token budget).")] = 4096,
-    max_num_seqs: Annotated[int, IntOption(help="Running requests at most.")] = 256,
-    max_model_len: Annotated[int | None, IntOption(help="Longest request: Orca (Max) reserves this much for every request. Default: 2048, or the pool's tokens if fewer.")] = None,
-    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (vLLM's default: on).")] = False,
-    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (vLLM's default: split).")] = False,
+    max_num_batched_tokens: Annotated[int | None, IntOption(help="Tokens per step (the scheduler's token budget). Default: the recording server's, else 4096.")] = None,
+    max_num_seqs: Annotated[int | None, IntOption(help="Running requests at most. Default: the recording server's, else 256.")] = None,
+    max_model_len: Annotated[int | None, IntOption(help="Longest request: Orca (Max) reserves this much for every request. Default: the recording server's, else 2048 (or the longest request), at most the pool's tokens.")] = None,
+    no_prefix_caching: Annotated[bool, typer.Option("--no-prefix-caching", help="Turn automatic prefix caching off (default: the recording server's, else on, vLLM's default).")] = False,
+    no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Never split a prompt longer than the token budget (default: the recording server's, else split, vLLM's default).")] = False,
     at: Annotated[int | None, IntOption(help="Show every request's block table after this step.")] = None,
     timeline_rows: Annotated[int, IntOption(help="Rows of the step timeline: every step with an event when they fit, else the first admission, hit, eviction and preemption, the last step, and the rest spread over the run; 0 hides it.")] = 30,
     svg: Annotated[str | None, typer.Option("--svg", metavar="PATH", help="Write the pool occupancy over time (step x block) as SVG.")] = None,
@@ -68,8 +70,12 @@ def simulate(
     explain: Annotated[bool, typer.Option("--explain", help="Explain each request's prefix-cache misses (with --json: per request, evictions with their step and request).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document and nothing else on stdout.")] = False,
     html: Annotated[str | None, typer.Option("--html", metavar="PATH", help="Write an interactive page: a step slider over the run (one self-contained HTML file; no network).")] = None,
+    step_model: Annotated[str | None, typer.Option(metavar="TRACE", help="A trace recorded inside vllm serve (its step lines): fit seconds per step to what a step runs, and estimate TTFT and end-to-end latency percentiles of this run with it.")] = None,
+    step_model_check: Annotated[str | None, typer.Option(metavar="TRACE", help="A second recording of the same server: the --step-model's error on its steps.")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", metavar="KEY=V,V,...", help="Run the workload at each value instead of once and print hit rate and peak use per point: capacity (tokens: 1M, 3M, inf), num-blocks (inf: nothing evicted), block-size, policy; repeat for a grid.")] = None,
+    jobs: Annotated[int | None, IntOption(help="--sweep: points run at once, in processes (default: every core).")] = None,
+    sweep_chart: Annotated[str | None, typer.Option(metavar="PATH", help="--sweep: write hit rate against capacity in tokens as SVG.")] = None,
 ) -> None:
-    prefix_caching, chunked_prefill = not no_prefix_caching, not no_chunked_prefill
     from ..errors import UsageError, plural
     from ..files import check_outputs
     from ..sim.run import MAX_STEPS, POLICIES
@@ -83,6 +89,30 @@ def simulate(
     if policy not in POLICIES:
         raise UsageError("--policy", policy, f"must be one of: {', '.join(POLICIES)}")
     groups = _hybrid_groups(layers, config_json, policy, events, explain, what_if)
+    trace_text, trace_kind = _trace_source(trace, trace_format, step_ms)
+    if events is not None:
+        if trace is None:
+            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
+        if policy != "vllm":
+            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
+    elif events_bind:
+        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
+    if not events_timeout > 0 or events_timeout > 3600:
+        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
+    live = events is not None and events.startswith(("tcp://", "ipc://"))
+    if events_bind and not live:
+        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    stream = None
+    if events is not None and not live:
+        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)  # a file: its settings are defaults too
+    resolved = _settings(trace_text, trace_kind, stream, {"num_blocks": num_blocks, "block_size": block_size,
+                                                          "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                                                          "max_model_len": max_model_len, "chunked_prefill": False if no_chunked_prefill else None,
+                                                          "prefix_caching": False if no_prefix_caching else None})
+    v = resolved.values
+    num_blocks, block_size, max_num_batched_tokens, max_num_seqs = v["num_blocks"], v["block_size"], v["max_num_batched_tokens"], v["max_num_seqs"]
+    prefix_caching, chunked_prefill = v["prefix_caching"], v["chunked_prefill"]
+    server_model_len = v["max_model_len"] if "max_model_len" in resolved.taken else None
     if trace is not None and requests is not None:
         raise UsageError("--requests", requests, "describes a synthetic workload; drop it or --trace")
     for option, value, low in (("--num-blocks", num_blocks, 2), ("--block-size", block_size, 1), ("--n", n, 1),
@@ -110,20 +140,8 @@ def simulate(
         raise UsageError("--at", at, "must be a step >= 0")
     if (tables_svg or tables_png) and at is None:
         raise UsageError("--tables-svg" if tables_svg else "--tables-png", tables_svg or tables_png, "draws the tables at --at STEP; give --at")
-    if events is not None:
-        if trace is None:
-            raise UsageError("--events", events, "compares a recorded workload with the server's events; give its --trace")
-        if policy != "vllm":
-            raise UsageError("--policy", policy, "--events are vLLM's; compare them with --policy vllm")
-        if no_prefix_caching:
-            raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
-    elif events_bind:
-        raise UsageError("--events-bind", True, "binds the --events endpoint; give --events tcp://HOST:PORT")
-    if not events_timeout > 0 or events_timeout > 3600:
-        raise UsageError("--events-timeout", events_timeout, "must be a number of seconds in (0, 3600]")
-    live = events is not None and events.startswith(("tcp://", "ipc://"))
-    if events_bind and not live:
-        raise UsageError("--events-bind", True, "binds a tcp:// or ipc:// endpoint, not a file")
+    if events is not None and not prefix_caching:
+        raise UsageError("--no-prefix-caching", True, "vLLM publishes KV events only with prefix caching on")
     from ..sim.whatif import Setting, parse_what_if
 
     base_setting = Setting(num_blocks, block_size, policy, prefix_caching, max_num_batched_tokens, max_num_seqs)
@@ -137,15 +155,17 @@ def simulate(
              "--html": html}
     check_outputs({option: path for option, path in files.items() if path is not None}, stdout_taken_by="--json" if json_output else "the report")
 
-    if trace is not None:
-        try:
-            with open(trace, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError("--trace", trace, getattr(exc, "strerror", None) or str(exc)) from None
-        trace_doc = read_trace(text, block_size, trace)
+    if trace_kind == "mooncake":
+        from ..sim.mooncake import DEFAULT_STEP_MS, parse_mooncake
+
+        step = DEFAULT_STEP_MS if step_ms is None else step_ms
+        trace_doc = parse_mooncake(trace_text, block_size, step, trace)
         workload = trace_doc.requests
-        fresh = lambda bs: read_trace(text, bs, trace).requests  # noqa: E731 - a run changes its requests
+        fresh = lambda bs: parse_mooncake(trace_text, bs, step, trace).requests  # noqa: E731 - a run changes its requests
+    elif trace is not None:
+        trace_doc = read_trace(trace_text, block_size, trace)
+        workload = trace_doc.requests
+        fresh = lambda bs: read_trace(trace_text, bs, trace).requests  # noqa: E731 - a run changes its requests
     else:
         spec = SyntheticSpec(requests or 200, parse_range(prompt_len, "--prompt-len"), parse_range(output_len, "--output-len"),
                              shared_prefix, n, arrival_rate, seed)
@@ -155,11 +175,24 @@ def simulate(
     if last >= MAX_STEPS:
         option, value = ("--trace", trace) if trace is not None else ("--arrival-rate", arrival_rate)
         raise UsageError(option, value, f"a request arrives at step {last:,}; the simulator runs at most {MAX_STEPS:,} steps")
+    if sweep or jobs is not None or sweep_chart:
+        from ..sim.sweep import WorkloadSource
+
+        source = (WorkloadSource(trace_kind, trace, trace_doc.header.source.get("step_ms") if trace_kind == "mooncake" else None)
+                  if trace is not None else WorkloadSource("synthetic", synthetic=spec))
+        others = {"--events": events, "--what-if": what_if, "--html": html, "--svg": svg, "--png": png, "--chart": chart,
+                  "--tables-svg": tables_svg, "--tables-png": tables_png, "--at": at, "--explain": explain or None,
+                  "--layers": layers, "--config": config_json, "--step-model": step_model}
+        return _sweep(sweep, jobs, sweep_chart, others, source, workload, resolved, policy, max_model_len, json_output)
     pool_tokens = (num_blocks - 1) * block_size
     longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
     if longest > pool_tokens:
         raise UsageError("--num-blocks", num_blocks, f"a request stores {longest} tokens; {plural(num_blocks - 1, 'usable block')} of {block_size} hold {pool_tokens}")
-    if max_model_len is None:
+    if max_model_len is None and server_model_len is not None:  # the server's: Orca (Max) reserves at most the pool
+        max_model_len = min(server_model_len, pool_tokens)
+        if longest > max_model_len:
+            raise UsageError("--trace", trace, f"a request stores {longest} tokens, more than the server's max_model_len {max_model_len}")
+    elif max_model_len is None:
         max_model_len = min(max(2048, longest), pool_tokens)
     elif max_model_len > pool_tokens:
         raise UsageError("--max-model-len", max_model_len, f"Orca (Max) could not reserve it: the pool holds {pool_tokens} tokens")
@@ -171,6 +204,11 @@ def simulate(
         raise UsageError("--max-num-batched-tokens", max_num_batched_tokens,
                          f"with --no-chunked-prefill it must be at least the model length, {max_model_len} (vLLM refuses it too)")
 
+    if step_model_check is not None and step_model is None:
+        raise UsageError("--step-model-check", step_model_check, "checks a --step-model; give the recording to fit")
+    model = _step_model(step_model, step_model_check) if step_model is not None else None
+    if resolved.line():  # every option checked: the flags that contradict the recording, in one line
+        stderr_console().print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
     config = SchedulerConfig(max_num_batched_tokens, max_num_seqs, chunked_prefill)
     runs = len(workload) + (len({r.group for r in workload} - {None}) if policy == "sglang" else 0)  # + prefix requests
     progress = _progress(runs, quiet=json_output)
@@ -188,12 +226,15 @@ def simulate(
     if at is not None and at not in result.tables_at:
         raise UsageError("--at", at, f"the run has steps 0..{len(result.steps) - 1} (idle steps have no tables)")
     summary = summarize(result, result.causes, block_size, max_model_len, max_num_seqs)
-    comparison = stream = None
+    comparison = None
     if events is not None:
-        stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
+        if stream is None:  # live: listened to after the simulation
+            stream = _read_events(events, events_bind, events_timeout, quiet=json_output)
         from ..sim.compare import compare
 
-        comparison = compare(result, trace_doc, stream, block_size)
+        comparison = compare(result, trace_doc, stream, block_size,
+                             {"num_blocks": num_blocks, "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
+                              "overridden": resolved.overridden})
     explained = None
     if explain or json_output or html is not None:
         from ..sim.explain import explain_requests
@@ -209,17 +250,31 @@ def simulate(
     config = {"policy": policy, "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
               "max_num_seqs": max_num_seqs, "max_model_len": max_model_len, "prefix_caching": prefix_caching,
               "chunked_prefill": chunked_prefill, "workload": trace or "synthetic"}
+    if trace_kind == "mooncake":
+        config["trace_format"], config["step_ms"] = "mooncake", trace_doc.header.source["step_ms"]
+    if resolved.taken or resolved.overridden:
+        config["from_server"] = resolved.taken  # setting -> where it came from (the trace's header, the events file)
+        config["overridden"] = resolved.overridden  # flags that contradict the recording: {given, server, source}
     group_doc = _group_memory(result) if groups else None
     if groups:
         config["kv_cache_groups"] = [{"kind": g.kind.kind, "window": g.kind.window, "layers": g.layers} for g in groups]
     doc = simulate_json(config, result, summary, written, explained) if json_output or html is not None else None
     if doc is not None and group_doc is not None:
         doc["summary"]["kv_cache_groups"] = group_doc
+    step_doc = None
+    if model is not None:
+        from ..sim.steptime import latencies
+
+        step_doc = {"model": model[0].to_json(), "check": model[1],
+                    "latency": latencies(result, model[0], block_size, max_num_batched_tokens)}
     if doc is not None:
         doc["summary"]["vllm_metric"] = _metric(result)
+        if step_doc is not None:
+            doc["step_model"] = step_doc
         if outcomes:
             doc["what_if"] = [o.to_json() for o in outcomes]
         if comparison is not None:
+            doc = {"passed": comparison.passed, **doc}
             doc["events"] = {**comparison.to_json(), "source": events, "messages": len(stream.batches),
                              "server_events": stream.num_events, "gaps": [list(g) for g in stream.gaps], "problems": stream.problems}
     if html is not None:
@@ -232,9 +287,10 @@ def simulate(
             written.append(html)
             if not json_output:
                 stderr_console().print(f"wrote {html}", markup=False, emoji=False, soft_wrap=True)
+    verdict = 0 if comparison is None or comparison.passed else 1  # a prediction that diverges fails the run
     if json_output:
         emit_json(doc)
-        return
+        return verdict
     from ..views.sim import render_simulation
 
     err = stderr_console()
@@ -257,6 +313,212 @@ def simulate(
         out.print(render_comparison(comparison, stream, events))
     if outcomes:
         out.print(render_what_if(outcomes))
+    if step_doc is not None:
+        from ..views.sim import render_step_model
+
+        out.print(render_step_model(step_doc), markup=False, soft_wrap=True)
+    if comparison is not None:
+        from ..views.sim import render_verdict
+
+        out.print(render_verdict(comparison), markup=False, soft_wrap=True)
+    return verdict
+
+
+TRACE_FORMATS = ("auto", "pagetrace", "mooncake")
+SWEEP_KEYS = ("capacity", "num-blocks", "block-size", "policy")
+
+
+def _sweep(sweep, jobs, chart, others, source, workload, resolved, policy, max_model_len, json_output) -> int:
+    """--sweep: the points (the product of each --sweep's values, the rest as the run would be set),
+    run in processes (sim/sweep.py), one row each; --json: {"config", "points"}."""
+    import itertools
+    import math
+
+    from ..errors import UsageError
+    from ..paging.blocks import MAX_BLOCK_SIZE
+    from ..sim.run import POLICIES
+    from ..sim.sweep import PointSpec, blocks_for_everything, parse_tokens, run_points
+    from .output import emit_json, stderr_console, stdout_console
+
+    if not sweep:
+        raise UsageError("--jobs" if jobs is not None else "--sweep-chart", jobs if jobs is not None else chart, "belongs to --sweep; give one")
+    for option, value in others.items():
+        if value:
+            raise UsageError("--sweep", sweep[0], f"runs many points and reports each in one row; drop {option}")
+    if jobs is not None and jobs < 1:
+        raise UsageError("--jobs", jobs, "must be at least 1")
+    axes: dict[str, list] = {}
+    for text in sweep:
+        key, sep, values = text.partition("=")
+        parts = [v.strip() for v in values.split(",") if v.strip()]
+        if not sep or key not in SWEEP_KEYS or not parts:
+            raise UsageError("--sweep", text, f"give KEY=V1,V2,... with a key of: {', '.join(SWEEP_KEYS)}")
+        if key in axes or (key in ("capacity", "num-blocks") and {"capacity", "num-blocks"} & set(axes)):
+            raise UsageError("--sweep", text, f"{key} is swept twice (capacity and num-blocks are one axis)")
+        try:
+            if key == "policy":
+                if any(p not in POLICIES for p in parts):
+                    raise ValueError
+                axes[key] = parts
+            elif key == "capacity":
+                axes[key] = [parse_tokens(p) for p in parts]
+            else:
+                axes[key] = [math.inf if key == "num-blocks" and p == "inf" else int(p) for p in parts]
+                low = 2 if key == "num-blocks" else 1
+                if any(v < low or (key == "block-size" and v > MAX_BLOCK_SIZE) for v in axes[key]):
+                    raise ValueError
+        except ValueError:
+            what = {"policy": f"one of {', '.join(POLICIES)}", "capacity": "token counts like 3000000, 3M or inf",
+                    "num-blocks": "integers of at least 2, or inf", "block-size": f"integers 1..{MAX_BLOCK_SIZE:,}"}[key]
+            raise UsageError("--sweep", text, f"{key} values are {what}") from None
+    v = resolved.values
+    sizes = axes.get("block-size", [v["block_size"]])
+    pools = axes.get("capacity") or axes.get("num-blocks") or [v["num_blocks"]]
+    by_capacity = "capacity" in axes
+    from ..sim.sweep import load_requests
+
+    everything = {}
+    for bs in sizes:  # read here once per block size: a trace that cannot be read at one is refused before any point runs
+        try:
+            everything[bs] = blocks_for_everything(load_requests(source, bs) if bs != v["block_size"] else workload, bs)
+        except UsageError as exc:
+            raise UsageError("--sweep", f"block-size={bs}", str(exc).split(": ", 2)[-1]) from None
+    longest = max(len(r.prompt) + len(r.output) - 1 for r in workload)
+    specs = []
+    texts = dict(zip(pools, next((t.partition("=")[2].split(",") for t in sweep if t.startswith(("capacity=", "num-blocks="))), [])))
+    for bs, pool, pol in itertools.product(sizes, pools, axes.get("policy", [policy])):
+        if pool == math.inf:
+            blocks, label = everything[bs], "inf (nothing evicted)"
+        else:
+            blocks = math.ceil(pool / bs) + 1 if by_capacity else int(pool)
+            label = f"{texts.get(pool, pool).strip()} tokens" if by_capacity else f"{blocks:,} blocks"
+        label += "".join(part for key, part in (("block-size", f", block size {bs}"), ("policy", f", {pol}")) if key in axes)
+        if (blocks - 1) * bs < longest:
+            raise UsageError("--sweep", label, f"a request stores {longest:,} tokens; {blocks - 1:,} usable blocks of {bs} hold {(blocks - 1) * bs:,}")
+        specs.append(PointSpec(source, blocks, bs, pol, v["max_num_batched_tokens"], v["max_num_seqs"], max_model_len or (
+            v["max_model_len"] if "max_model_len" in resolved.taken else None), v["prefix_caching"], v["chunked_prefill"], label))
+    err = stderr_console()
+    done = [0]
+
+    def tell(i, point):
+        done[0] += 1
+        if not json_output:
+            err.print(f"sweep: {done[0]}/{len(specs)} {point['label']}: hit rate {point['hit_rate']:.1%} ({point['seconds']:.1f} s)",
+                      markup=False, emoji=False, soft_wrap=True)
+
+    if resolved.line():
+        err.print(resolved.line(), markup=False, emoji=False, soft_wrap=True)
+    try:
+        points = run_points(specs, jobs, on_done=tell)
+    except ValueError as exc:
+        raise UsageError("--sweep", sweep[0], str(exc)) from None
+    written = []
+    if chart:
+        from ..files import write_outputs
+        from ..views.sim_pictures import sweep_svg
+
+        name = source.path or "synthetic workload"
+        written = write_outputs([(chart, sweep_svg(points, f"prefix-cache hit rate against capacity: {name}").encode())])
+    doc = {"config": {"workload": source.path or "synthetic", "trace_format": source.kind, "policy": policy,
+                      "max_num_batched_tokens": v["max_num_batched_tokens"], "max_num_seqs": v["max_num_seqs"],
+                      "prefix_caching": v["prefix_caching"], "chunked_prefill": v["chunked_prefill"],
+                      "jobs": jobs, "sweep": sweep}, "points": points, "written": written}
+    if json_output:
+        emit_json(doc)
+        return 0
+    from ..views.sim import render_sweep
+
+    for path in written:
+        err.print(f"wrote {path}", markup=False, emoji=False, soft_wrap=True)
+    stdout_console().print(render_sweep(points))
+    return 0
+
+
+def _settings(trace_text, trace_kind, stream, given: dict):
+    """The run's settings: the flags, else the recording's (the trace's header, then the events
+    file's), else the defaults (a flag that contradicts the recording: `Resolved.line`)."""
+    import json
+
+    from ..sim.settings import resolve
+    from ..sim.trace import header_from_json
+
+    sources = []
+    if trace_kind == "pagetrace":
+        first = next((line for line in trace_text.splitlines() if line.strip()), "")
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "format" in obj:
+            header = header_from_json(obj)
+            sources.append(("the trace's header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+    if stream is not None and stream.settings:
+        sources.append(("the events file", stream.settings))
+    from ..sim.mooncake import MOONCAKE_BLOCK
+
+    resolved = resolve(given, sources, {"block_size": MOONCAKE_BLOCK} if trace_kind == "mooncake" else None)
+    return resolved
+
+
+def _trace_source(trace: str | None, trace_format: str, step_ms: float | None) -> tuple[str | None, str | None]:
+    """The --trace file's text and its form ("pagetrace" or "mooncake"; None without --trace)."""
+    from ..errors import UsageError
+
+    if trace_format not in TRACE_FORMATS:
+        raise UsageError("--trace-format", trace_format, f"must be one of: {', '.join(TRACE_FORMATS)}")
+    if step_ms is not None and not (step_ms > 0 and step_ms < float("inf")):
+        raise UsageError("--step-ms", step_ms, "must be a positive number of milliseconds")
+    if trace is None:
+        if trace_format != "auto":
+            raise UsageError("--trace-format", trace_format, "names the form of a --trace file; give one")
+        if step_ms is not None:
+            raise UsageError("--step-ms", step_ms, "maps a Mooncake trace's timestamps to steps; give its --trace")
+        return None, None
+    from ..sim.mooncake import is_mooncake, read_text
+
+    text = read_text(trace)
+    kind = trace_format
+    if kind == "auto":
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        kind = "mooncake" if is_mooncake(first) else "pagetrace"
+    if step_ms is not None and kind != "mooncake":
+        raise UsageError("--step-ms", step_ms, "maps a Mooncake trace's timestamps to steps; this trace's arrivals are steps already")
+    return text, kind
+
+
+def _step_model(path: str, check: str | None):
+    """(the model fitted on `path`'s step lines, its error on `check`'s or None)."""
+    from ..errors import UsageError
+    from ..sim import steptime
+
+    def steps_of(option: str, p: str) -> dict:
+        import json
+
+        from ..sim.mooncake import read_text
+        from ..sim.workload import read_trace
+
+        try:
+            text = read_text(p)
+            first = next((line for line in text.splitlines() if line.strip()), "{}")
+            try:
+                size = json.loads(first).get("block_size") or 16
+            except (ValueError, AttributeError):
+                size = 16
+            return read_trace(text, size, p).steps
+        except UsageError as exc:
+            raise UsageError(option, p, str(exc).split(": ", 2)[-1]) from None
+
+    try:
+        model = steptime.fit(steps_of("--step-model", path), path)
+    except ValueError as exc:
+        raise UsageError("--step-model", path, str(exc)) from None
+    result = None
+    if check is not None:
+        try:
+            result = steptime.evaluate(model, steps_of("--step-model-check", check), check)
+        except ValueError as exc:
+            raise UsageError("--step-model-check", check, str(exc)) from None
+    return model, result
 
 
 def _hybrid_groups(layers, config_json, policy, events, explain, what_if):

@@ -16,6 +16,7 @@ called from engine/arg_utils.py, v1/engine/core.py and v1/worker/worker_base.py
     PAGETRACE_GUARD_PLANT=...    plant a bug to test the guard (see `parse_plants`)
     PAGETRACE_TRACE=PATH         record every request the scheduler receives as a trace (must not exist)
     PAGETRACE_TRACE_PRIVATE=1    ... with vLLM's block hashes instead of token ids (vllm_trace.py)
+    PAGETRACE_EVENTS=PATH        record the scheduler's KV events as a file simulate --events reads (must not exist)
 
 Where it hooks: in the process that holds the model runner, `GPUModelRunner` (which
 vLLM's `CPUModelRunner` subclasses) gets two wrapped methods: `initialize_kv_cache` (when
@@ -55,7 +56,7 @@ def vllm_version_problem(version: str) -> str | None:
 
 def register() -> None:
     """The `vllm.general_plugins` entry point: vLLM calls it once in each process."""
-    if os.environ.get("PAGETRACE_TRACE") or os.environ.get("PAGETRACE_TRACE_PRIVATE"):
+    if os.environ.get("PAGETRACE_TRACE") or os.environ.get("PAGETRACE_TRACE_PRIVATE") or os.environ.get("PAGETRACE_EVENTS"):
         _check_vllm_version()
         _trace_from_env(os.environ)
     if not (os.environ.get("PAGETRACE_CAPTURE") or os.environ.get("PAGETRACE_GUARD")):
@@ -89,25 +90,29 @@ def _trace_from_env(env) -> None:
     starts; the scheduler makes the file later), installed on the engine core's Scheduler."""
     path = env.get("PAGETRACE_TRACE") or ""
     private = env.get("PAGETRACE_TRACE_PRIVATE") or ""
+    events = env.get("PAGETRACE_EVENTS") or ""
     if private not in ("", "0", "1"):
         _refuse(f"invalid value for PAGETRACE_TRACE_PRIVATE: {private!r}: write 1 (block hashes only, no token ids) or 0")
-    if not path:
+    if private and not path:
         _refuse("PAGETRACE_TRACE_PRIVATE set, but not PAGETRACE_TRACE=PATH: nothing to record")
     from .vllm_trace import problem_with
 
-    problem = problem_with(path)
-    if problem:
-        _refuse(f"invalid value for PAGETRACE_TRACE: {path!r}: {problem}")
-    _add_patch("vllm.v1.core.sched.scheduler", lambda module: _patch_scheduler(module, path, private == "1"))
+    for name, value in (("PAGETRACE_TRACE", path), ("PAGETRACE_EVENTS", events)):
+        problem = problem_with(value) if value else None
+        if problem:
+            _refuse(f"invalid value for {name}: {value!r}: {problem}")
+    if path and events and os.path.abspath(path) == os.path.abspath(events):
+        _refuse(f"PAGETRACE_EVENTS and PAGETRACE_TRACE name the same file {path!r}: give each its own")
+    _add_patch("vllm.v1.core.sched.scheduler", lambda module: _patch_scheduler(module, path or None, private == "1", events or None))
     _hook_imports()
 
 
-def _patch_scheduler(module, path: str, private: bool) -> None:
+def _patch_scheduler(module, path: str | None, private: bool, events: str | None = None) -> None:
     from vllm.logger import init_logger
 
     from .vllm_trace import patch_scheduler
 
-    patch_scheduler(module, path, private, log=init_logger("vllm.pagetrace").info)
+    patch_scheduler(module, path, private, log=init_logger("vllm.pagetrace").info, events_path=events)
 
 
 def _refuse(message: str):

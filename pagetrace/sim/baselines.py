@@ -147,6 +147,24 @@ def contiguous_waste(
         if not running and not waiting:  # idle until the next arrival
             step = pending[0].arrival
             continue
+        if running and all(req[2] for req in running):  # every request decoding: leap to the next change
+            leap = min(req[3] - req[2] for req in running) - 1  # steps before the first finish
+            if pending:
+                leap = min(leap, pending[0].arrival - step)  # and before the next arrival
+            if leap > 1:  # nothing changes for `leap` steps (no admission, arrival or finish): sum them at once
+                tri = leap * (leap + 1) // 2
+                for req in running:
+                    start, size, stored, final, _ = req
+                    w.token_states += leap * stored + tri
+                    w.reservation += leap * (final - stored) - tri
+                    w.internal += leap * (size - final)
+                    req[2] = stored + leap
+                if blocked and blocked_free >= waiting[0][2]:
+                    w.external += leap * blocked_free
+                w.peak_running = max(w.peak_running, len(running))
+                step += leap
+                w.steps += leap
+                continue
         for req in running:  # prompt in one step, then one token per step
             req[2] = req[4] if req[2] == 0 else req[2] + 1
         for req in [req for req in running if req[2] >= req[3]]:

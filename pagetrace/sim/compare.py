@@ -44,11 +44,17 @@ class Comparison:
     first_divergence: dict | None
     notes: list[str] = field(default_factory=list)
     skipped: int = 0  # server events left out (another block size, another group)
+    likely: list[dict] = field(default_factory=list)  # what likely differs between the server and the simulation (likely.py)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_divergence is None
 
     def to_json(self) -> dict:
         return {"mode": self.mode, "predicted_items": self.predicted, "server_items": self.server, "agree": self.agree,
                 "same_items_any_order": self.same_multiset, "equal": self.first_divergence is None,
-                "first_divergence": self.first_divergence, "notes": self.notes, "server_events_skipped": self.skipped}
+                "first_divergence": self.first_divergence, "likely": self.likely, "notes": self.notes,
+                "server_events_skipped": self.skipped}
 
 
 def _norm(h):
@@ -164,7 +170,9 @@ def _show(key) -> str:
     return str(key)
 
 
-def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
+def compare(result, trace, stream: EventStream, block_size: int, settings: dict | None = None) -> Comparison:
+    """`settings`: the simulation's num_blocks, max_num_batched_tokens, max_num_seqs, for the
+    hints of a divergence (`Comparison.likely`)."""
     algo = trace.header.hash_algo if trace.header is not None else "sha256"
     mode = "hash" if algo in HASH_ALGOS and not trace.lora else "content"
     notes = []
@@ -221,7 +229,12 @@ def compare(result, trace, stream: EventStream, block_size: int) -> Comparison:
         elif same:
             divergence["reason"] = ("the same blocks were stored and removed in another order: the server's schedule depended "
                                     "on timing (when requests arrived between its steps), which the trace's arrival steps only estimate")
-    return Comparison(mode, len(pred), len(serv), agree, same, divergence, notes, skipped)
+    likely = []
+    if divergence is not None:
+        from .likely import likely_differences
+
+        likely = likely_differences(pred, serv, agree, stream, trace, block_size, settings or {}, result.steps)
+    return Comparison(mode, len(pred), len(serv), agree, same, divergence, notes, skipped, likely)
 
 
 def _items_before_gaps(stream: EventStream, serv: list[Item]) -> int | None:

@@ -85,6 +85,7 @@ class EventStream:
     problems: list[str] = field(default_factory=list)  # one line each: what and where
     gaps: list[tuple[int, int]] = field(default_factory=list)  # (first, last) sequence numbers missing
     source: str = ""
+    settings: dict = field(default_factory=dict)  # a recorded file's server settings (SETTINGS_TOPIC), where its recorder knew them
 
     @property
     def num_events(self) -> int:
@@ -261,18 +262,43 @@ def iter_file(data: bytes, source: str) -> Iterator[tuple[str, list[bytes]]]:
         n += 1
 
 
+# A recorder that knows the server's settings (engines/vllm_trace.py) writes them as the file's first
+# record: frames [SETTINGS_TOPIC, b"", JSON object]. Not a message (no sequence number): an older
+# reader skips it as a bad message and goes on.
+SETTINGS_TOPIC = b"\x00pagetrace-settings"
+
+
+def settings_record(settings: dict, received: float) -> bytes:
+    import json
+
+    return encode_record([SETTINGS_TOPIC, b"", json.dumps(settings, separators=(",", ":")).encode()], received)
+
+
 def read_file(path: str) -> EventStream:
+    import json
+
     with open(path, "rb") as f:
         data = f.read()
     check_magic(data, path)
     messages: list[tuple[str, list[bytes]]] = []
+    settings: dict = {}
     stopped = None
     try:
         for item in iter_file(data, path):
+            frames = item[1]
+            if len(frames) == 3 and frames[0] == SETTINGS_TOPIC and frames[1] == b"":
+                try:
+                    settings = json.loads(frames[2])
+                except ValueError:
+                    settings = {}
+                if not isinstance(settings, dict):
+                    settings = {}
+                continue
             messages.append(item)
     except EventError as exc:
         stopped = f"{exc}; reading stopped there"
     read = read_messages(messages, path)
+    read.settings = settings
     if stopped:
         read.problems.append(stopped)
     return read

@@ -1,8 +1,9 @@
 """The trace format: a recorded workload that `simulate --trace` reads (docs/simulate.md).
 
 JSON Lines. The first line is the header,
-`{"format": "pagetrace-trace", "version": 1, "block_size": 32, "hash": {"algo": "sha256", "seed": null}, ...}`,
-then one request per line:
+`{"format": "pagetrace-trace", "version": 1, "block_size": 32, "hash": {"algo": "sha256", "seed": null}, ...}`
+(a recorder inside the server adds `"server": {...}`, its scheduler's settings: `SERVER_INTS`, `SERVER_BOOLS`,
+the hashing, vLLM's version, the model), then one request per line:
 `{"id": "r0", "arrival": 0, "time": 0.0, "prompt": [token ids], "output_len": 16,
 "output": [token ids], "n": 1, "cache_salt": null, "lora_name": null, "priority": 0}`.
 A private trace (`hashes_only: true` in the header) has no token ids: `prompt_len` and
@@ -13,7 +14,9 @@ A private trace (`hashes_only: true` in the header) has no token ids: `prompt_le
 `TraceWriter` is what a recorder calls (record.py): one `add` per request, `write` at the end,
 the file written whole or not at all. The hook inside `vllm serve` (engines/vllm_trace.py)
 appends `line`s one by one as requests finish, each with `seq` (the order the engine received
-them in; the reader orders a step's arrivals by it) and `client_id`.
+them in; the reader orders a step's arrivals by it) and `client_id`, and one line per engine step,
+`{"step": 4, "time": 0.52, "tokens": 2048, "requests": 3, "prefill_tokens": 2046, "decode_requests": 2,
+"context_tokens": 812}`: what the server's scheduler ran (workload.py `STEP_FIELDS`), read into `Trace.steps`.
 """
 
 from __future__ import annotations
@@ -35,13 +38,41 @@ class TraceHeader:
     hash_algo: str = "sha256"  # the server's prefix_caching_hash_algo
     hash_seed: str | None = None  # the server's PYTHONHASHSEED (None: unset, vLLM's default seed)
     source: dict = field(default_factory=dict)  # free-form: who recorded it, from what server
+    server: dict = field(default_factory=dict)  # the recording server's scheduler settings (SERVER_SETTINGS), where known
 
     def to_json(self) -> dict:
         doc = {"format": FORMAT, "version": self.version, "block_size": self.block_size, "hashes_only": self.hashes_only,
                "hash": {"algo": self.hash_algo, "seed": self.hash_seed}}
         if self.source:
             doc["source"] = self.source
+        if self.server:
+            doc["server"] = self.server
         return doc
+
+
+# The settings a recorder inside the server writes in the header's "server" object (engines/vllm_trace.py),
+# named as `simulate --json`'s config names them; the integers and booleans `simulate --trace` takes as its defaults.
+SERVER_INTS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+SERVER_BOOLS = ("chunked_prefill", "prefix_caching")
+
+
+def server_settings(obj, where: str, option: str = "--trace") -> dict:
+    """A header's "server" object, its integers and booleans checked (other keys kept as they are)."""
+    from ..errors import UsageError
+
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
+        raise UsageError(option, str(obj)[:40], f"{where}: 'server' must be an object of the server's settings")
+    for key in SERVER_INTS:
+        v = obj.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UsageError(option, v, f"{where}: 'server.{key}' must be a positive integer")
+    for key in SERVER_BOOLS:
+        v = obj.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise UsageError(option, v, f"{where}: 'server.{key}' must be true or false")
+    return dict(obj)
 
 
 def header_from_json(obj: dict, line: int = 1) -> TraceHeader:
@@ -66,7 +97,7 @@ def header_from_json(obj: dict, line: int = 1) -> TraceHeader:
     if hashes_only and size is None:
         raise UsageError("--trace", None, f"trace line {line}: a hashes-only trace must give the 'block_size' of its hashes")
     return TraceHeader(version, size, bool(hashes_only), str(hashing.get("algo", "sha256")), hashing.get("seed"),
-                       obj.get("source") or {})
+                       obj.get("source") or {}, server_settings(obj.get("server"), f"trace line {line}"))
 
 
 @dataclass(slots=True)

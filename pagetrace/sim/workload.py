@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .request import SimRequest
@@ -109,6 +109,8 @@ class Trace:
     given_hashes: dict[str, list[int]]  # request id -> vLLM's hashes of its full blocks (hashes-only traces)
     lora: dict[str, str]  # request id -> LoRA name, where one was used
     priority: dict[str, int]  # request id -> priority, where not 0 (read, not simulated)
+    times: dict[str, float] = field(default_factory=dict)  # request id -> arrival, seconds since the trace began (where known)
+    steps: dict[int, dict] = field(default_factory=dict)  # a server hook's step lines: step -> {"tokens", "time", ...} (trace.py)
 
 
 def parse_trace(text: str, block_size: int, source: str = "") -> list[SimRequest]:
@@ -146,6 +148,9 @@ def salt_of_lora_key(key: str) -> str | None:
     return key.rpartition(LORA_KEY)[0] or None
 
 
+STEP_FIELDS = ("tokens", "requests", "prefill_tokens", "decode_requests", "context_tokens")  # a step line's counts (trace.py)
+
+
 def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     """`source` is the trace's file name, for the error of a trace with no request.
     The first line may be a header (trace.py: format, version, block size, hashing); then one
@@ -161,6 +166,7 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
     given: dict[str, list[int]] = {}
     lora: dict[str, str] = {}
     priority: dict[str, int] = {}
+    steps: dict[int, dict] = {}
     first = True
     for line_no, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -182,6 +188,16 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
         first = False
         if "format" in obj:
             raise UsageError("--trace", raw[:40], f"trace line {line_no}: a header line ('format') is allowed only as the first line")
+        if "step" in obj:  # a server step (engines/vllm_trace.py): what its scheduler ran, not a request
+            k = _field(obj, "step", line_no, int, minimum=0)
+            for key in STEP_FIELDS:
+                if key in obj:
+                    _field(obj, key, line_no, int, minimum=0)
+            t = obj.get("time")
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+                raise UsageError("--trace", t, f"trace line {line_no}, field 'time' must be a number of seconds >= 0")
+            steps[k] = {key: obj[key] for key in (*STEP_FIELDS, "time") if key in obj}
+            continue
         rid = str(obj.get("id", len(ids)))
         if rid in ids:
             raise UsageError("--trace", rid, f"trace line {line_no}, field 'id' repeats an earlier request id")
@@ -269,4 +285,4 @@ def read_trace(text: str, block_size: int, source: str = "") -> Trace:
         what = "is empty" if not text else ("holds only its header" if header is not None else "holds only blank lines")
         raise UsageError("--trace", source, f"the file {what}: a trace has one JSON request per line")
     out.sort(key=lambda r: (r.arrival, order[r.request_id]))  # stable: a request's samples stay in order
-    return Trace(out, header, given, lora, priority)
+    return Trace(out, header, given, lora, priority, steps=steps)

@@ -199,9 +199,52 @@ def render_comparison(cmp, stream, source: str) -> str:
             lines.append(f"    {who}: {s['did']}" + (f" {s['hash']} ({s['where']}{extra})" if "hash" in s else ""))
         if "reason" in d:
             lines.append(f"  why: {d['reason']}")
+        for hint in cmp.likely:
+            lines.append(f"  likely: {hint['setting']}: {hint['why']}")
     if stream.gaps:
         lines.append("  sequence gaps: " + ", ".join(f"{a}..{b}" for a, b in stream.gaps))
     lines += [f"  note: {n}" for n in cmp.notes]
+    return "\n".join(lines)
+
+
+def render_verdict(cmp) -> str:
+    """The last line of `simulate --events`: passed, or failed with the first thing that likely differs."""
+    if cmp.passed:
+        return f"passed: the server's {cmp.server:,} block events are predicted one for one, in order"
+    first = f" ({cmp.likely[0]['setting']} likely differs)" if cmp.likely else ""
+    return f"failed: the prediction diverges from the server's events at event {cmp.agree:,}{first}"
+
+
+def render_sweep(points: list[dict]) -> Fitted:
+    """One row per --sweep point: capacity, hit rate (vLLM's metric), peak blocks in use."""
+    t = Table(title="sweep: the same workload at each point", title_justify="left")
+    t.add_column("point", no_wrap=True, min_width=min(max(len(p["label"]) for p in points), 30))
+    for col in ("capacity", "hit rate", "peak use", "preempted", "evicted"):
+        header(t, col, justify="right")
+    for p in points:
+        t.add_row(p["label"], f"{p['capacity_tokens']:,}", f"{p['hit_rate']:.1%}", f"{p['peak_used_share']:.0%}",
+                  f"{p['preemptions']:,}", f"{p['evictions']:,}")
+    t.caption = ("capacity: tokens the pool holds; hit rate: prompt tokens served from the cache at admission, as vLLM's "
+                 "prefix-cache metric counts them; peak use: blocks in use after a step, of the pool's usable blocks")
+    t.caption_justify = "left"
+    return Fitted(t)
+
+
+def render_step_model(doc: dict) -> str:
+    """The fitted step-time model, its error on a second recording, and the latency estimates."""
+    m, c = doc["model"]["coefficients"], doc["check"]
+    lat = doc["latency"]
+    lines = [f"step time, fitted on {doc['model']['source']} ({doc['model']['steps_fitted']:,} steps, "
+             f"{doc['model']['steps_left_out']:,} left out as idle gaps or outliers): seconds = {m['c0']:.3g} + {m['c1']:.3g} x tokens "
+             f"+ {m['c2']:.3g} x requests + {m['c3']:.3g} x K/V tokens read; mean error {doc['model']['mae_seconds'] * 1000:.2f} ms a step"]
+    if c is not None:
+        lines.append(f"  on {c['source']} ({c['steps']:,} steps, {c['mean_step_seconds'] * 1000:.2f} ms each on average): mean error "
+                     f"{c['mae_seconds'] * 1000:.2f} ms a step; total {c['predicted_total_seconds']:.2f} s predicted, "
+                     f"{c['total_seconds']:.2f} s measured ({c['total_relative_error']:+.1%})")
+    t, e = lat["ttft_seconds"], lat["e2e_seconds"]
+    lines.append(f"  estimates of this model for this run ({lat['requests']:,} requests, {lat['total_seconds']:.2f} s of steps): "
+                 f"TTFT p50 {t['p50']:.3f} s, p90 {t['p90']:.3f} s, p99 {t['p99']:.3f} s; end-to-end p50 {e['p50']:.3f} s, "
+                 f"p90 {e['p90']:.3f} s, p99 {e['p99']:.3f} s")
     return "\n".join(lines)
 
 

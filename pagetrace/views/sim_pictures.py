@@ -384,3 +384,67 @@ def what_if_svg(outcomes, title: str = "blocks in use over time, as given and un
         out.append(f'<text x="{left + 20}" y="{y - 4}">{escape(o.label)}: hit rate {o.hit_rate:.1%}, peak {o.peak_used:,}/{usable:,} blocks, {o.preemptions:,} preemptions</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def sweep_svg(points: list[dict], title: str) -> str:
+    """Hit rate against capacity in tokens (log scale), one line per block size and policy, as
+    Mooncake's Figure 9 draws it; a point whose pool holds everything (nothing evicted) is drawn
+    at the right edge and marked "inf"."""
+    import math
+
+    left, top, plot_w, plot_h = 60, 50, 640, 300
+    series: dict[str, list[dict]] = {}
+    for p in points:
+        series.setdefault(f"block size {p['block_size']}, {p['policy']}", []).append(p)
+    legend_h = 20 * len(series)
+    width, height = left + plot_w + 40, top + plot_h + 50 + legend_h
+    finite = [p["capacity_tokens"] for p in points if not p["label"].startswith("inf")]
+    lo = min(finite or [p["capacity_tokens"] for p in points])
+    hi = max(p["capacity_tokens"] for p in points)
+    lo_l, hi_l = math.log10(max(lo, 1)), math.log10(max(hi, 2))
+    if hi_l - lo_l < 1e-9:
+        lo_l, hi_l = lo_l - 0.5, hi_l + 0.5
+    top_rate = max(max(p["hit_rate"] for p in points), 0.01)
+    scale = min(1.0, math.ceil(top_rate * 10 + 0.5) / 10)
+
+    def x_of(tokens):
+        return left + plot_w * (math.log10(max(tokens, 1)) - lo_l) / (hi_l - lo_l)
+
+    def y_of(rate):
+        return top + plot_h - plot_h * rate / scale
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+           f'font-family="sans-serif" font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="24" font-size="15" font-weight="bold">{escape(title)}</text>']
+    for k in range(0, 6):
+        rate = scale * k / 5
+        y = y_of(rate)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{rate:.0%}</text>')
+    for e in range(math.floor(lo_l), math.ceil(hi_l) + 1):
+        if lo_l - 1e-9 <= e <= hi_l + 1e-9:
+            x = x_of(10 ** e)
+            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#eee"/>')
+            label = f"{10 ** e:,.0f}" if e < 6 else f"{10 ** (e - 6):,.0f}M" if e < 9 else f"{10 ** (e - 9):,.0f}G"
+            out.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{label}</text>')
+    out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>')
+    out.append(f'<text x="{left + plot_w / 2}" y="{top + plot_h + 34}" text-anchor="middle">KV cache capacity (tokens, log scale)</text>')
+    out.append(f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" text-anchor="middle">prefix-cache hit rate</text>')
+    for i, (name, pts) in enumerate(series.items()):
+        colour = WHAT_IF_COLOURS[i % len(WHAT_IF_COLOURS)]
+        pts = sorted(pts, key=lambda p: p["capacity_tokens"])
+        coords = [(x_of(p["capacity_tokens"]), y_of(p["hit_rate"]), p) for p in pts]
+        out.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y, _ in coords)}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for x, y, p in coords:
+            tip = f"{p['label']}: hit rate {p['hit_rate']:.1%}, peak {p['peak_used_blocks']:,} of {p['num_blocks'] - 1:,} blocks"
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{colour}"><title>{escape(tip)}</title></circle>')
+            if p["label"].startswith("inf"):
+                out.append(f'<text x="{x:.1f}" y="{y - 8:.1f}" text-anchor="end">nothing evicted: {p["hit_rate"]:.1%}</text>')
+            else:
+                out.append(f'<text x="{x + 5:.1f}" y="{y + 14:.1f}">{p["hit_rate"]:.1%}</text>')
+        y = top + plot_h + 50 + 20 * i
+        out.append(f'<rect x="{left}" y="{y - 10}" width="14" height="4" fill="{colour}"/>')
+        out.append(f'<text x="{left + 20}" y="{y - 4}">{escape(name)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

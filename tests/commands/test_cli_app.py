@@ -93,7 +93,7 @@ def numeric_options():
     root = typer.main.get_command(app)
     found = []
     for command in COMMANDS:
-        function = getattr(importlib.import_module(f"pagetrace.commands.{command}"), command)
+        function = getattr(importlib.import_module(f"pagetrace.commands.{command.replace('-', '_')}"), command.replace("-", "_"))
         opts = {param.name: param.opts[0] for param in root.get_command(None, command).params}
         for name, hint in typing.get_type_hints(function, include_extras=True).items():
             base = typing.get_args(hint)[0] if hasattr(hint, "__metadata__") else hint

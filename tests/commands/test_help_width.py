@@ -19,7 +19,7 @@ COMMANDS = ROOT.list_commands(None)
 def choices(command: str) -> dict[str, list[str]]:
     """Each choice option's choices, read from the command function's own declarations
     (the `parser=` each `ChoiceOption` hands Typer), not from Typer's internals."""
-    function = getattr(importlib.import_module(f"pagetrace.commands.{command}"), command)
+    function = getattr(importlib.import_module(f"pagetrace.commands.{command.replace('-', '_')}"), command.replace("-", "_"))
     found = {}
     for name, hint in typing.get_type_hints(function, include_extras=True).items():
         for meta in getattr(hint, "__metadata__", ()):

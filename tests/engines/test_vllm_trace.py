@@ -16,6 +16,16 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = pytest.mark.vllm
 
 
+def scheduler_of(cache, hash_block_size):
+    """A stand-in for a made v1 Scheduler: the attributes engines/vllm_trace.py reads from it
+    (the live test, tests/sim/test_sim_self_describing.py, reads them from a real one)."""
+    return types.SimpleNamespace(
+        cache_config=cache, hash_block_size=hash_block_size, block_size=cache.block_size,
+        kv_cache_config=types.SimpleNamespace(num_blocks=16, kv_cache_groups=[object()]), max_num_scheduled_tokens=2048,
+        max_num_running_reqs=16, max_model_len=64, scheduler_config=types.SimpleNamespace(enable_chunked_prefill=True),
+        vllm_config=types.SimpleNamespace(model_config=types.SimpleNamespace(served_model_name="tiny", model="/models/tiny")))
+
+
 @pytest.mark.parametrize("private", [False, True])
 def test_a_finished_request_is_one_line_with_vllms_own_hashes(tmp_path, private):
     from vllm.config import CacheConfig
@@ -29,7 +39,7 @@ def test_a_finished_request_is_one_line_with_vllms_own_hashes(tmp_path, private)
     from pagetrace.sim.workload import read_trace
 
     init_none_hash(sha256)
-    scheduler = types.SimpleNamespace(cache_config=CacheConfig(block_size=4, enable_prefix_caching=True), hash_block_size=4)
+    scheduler = scheduler_of(CacheConfig(block_size=4, enable_prefix_caching=True), 4)
     path = tmp_path / "trace.jsonl"
     trace = SchedulerTrace(str(path), private, scheduler)
     hasher = get_request_block_hasher(4, sha256)
@@ -44,6 +54,9 @@ def test_a_finished_request_is_one_line_with_vllms_own_hashes(tmp_path, private)
     trace.finish(a)
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert rows[0]["hashes_only"] is private and rows[0]["block_size"] == 4
+    server = rows[0]["server"]
+    assert {k: server[k] for k in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len", "model")} == \
+        {"block_size": 4, "num_blocks": 16, "max_num_batched_tokens": 2048, "max_num_seqs": 16, "max_model_len": 64, "model": "tiny"}
     assert [(r["id"], r["client_id"], r["arrival"], r["seq"], r["output_len"]) for r in rows[1:]] == [
         ("cmpl-b-0-12345678", "cmpl-b-0", 3, 1, 2), ("cmpl-a-0-abcdef12", "cmpl-a-0", 0, 0, 3)]
     if private:
@@ -76,7 +89,7 @@ def _trace(tmp_path, private=False, caching=True, name="trace.jsonl", algo="sha2
     from pagetrace.engines.vllm_trace import SchedulerTrace
 
     cache = CacheConfig(block_size=BS, enable_prefix_caching=caching, prefix_caching_hash_algo=algo)
-    scheduler = types.SimpleNamespace(cache_config=cache, hash_block_size=BS)
+    scheduler = scheduler_of(cache, BS)
     return SchedulerTrace(str(tmp_path / name), private, scheduler), tmp_path / name
 
 
@@ -99,7 +112,10 @@ def test_the_header_names_the_recorder_the_engine_and_its_hashing(tmp_path, monk
     assert doc == {"format": "pagetrace-trace", "version": 1, "block_size": BS, "hashes_only": False,
                    "hash": {"algo": algo, "seed": seed},
                    "source": {"recorder": "pagetrace vllm_plugin (Scheduler hook)", "engine": f"vllm {vllm.__version__}",
-                              "prefix_caching": caching}}
+                              "prefix_caching": caching},
+                   "server": {"block_size": BS, "hash_block_size": BS, "num_blocks": 16, "kv_cache_groups": 1,
+                              "max_num_batched_tokens": 2048, "max_num_seqs": 16, "max_model_len": 64, "chunked_prefill": True,
+                              "prefix_caching": caching, "hash_algo": algo, "hash_seed": seed, "vllm": vllm.__version__, "model": "tiny"}}
 
 
 def test_the_trace_file_is_made_new_with_its_mode_and_never_over_a_file_or_link(tmp_path):
@@ -183,11 +199,12 @@ def test_the_hook_counts_vllms_own_scheduler_steps(tmp_path):
     patch_scheduler(module, str(path), True, log=said.append)
     patch_scheduler(module, str(path), True, log=said.append)
     sched = module.Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BS, log_stats=False)
-    assert said == [f"pagetrace: recording every request to the trace {path} (block hashes only, blocks of {BS})"]
+    assert said == [f"pagetrace: recording every request to the trace {path} (block hashes only, blocks of {BS}; "
+                    "pool 64 blocks, max_num_batched_tokens 64, max_num_seqs 8)"]
     other = types.SimpleNamespace(Scheduler=type("TracedIds", (Scheduler,), {}))
     patch_scheduler(other, str(tmp_path / "ids.jsonl"), False, log=said.append)
     other.Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BS, log_stats=False)
-    assert said[1] == f"pagetrace: recording every request to the trace {tmp_path / 'ids.jsonl'} (token ids, blocks of {BS})"
+    assert said[1].startswith(f"pagetrace: recording every request to the trace {tmp_path / 'ids.jsonl'} (token ids, blocks of {BS};")
 
     def step():
         out = sched.schedule()
@@ -203,13 +220,82 @@ def test_the_hook_counts_vllms_own_scheduler_steps(tmp_path):
     sched.finish_requests("cmpl-c-0-cccccccc", RequestStatus.FINISHED_ABORTED)
     while sched.has_requests():
         step()
-    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    rows = [lines[0]] + [r for r in lines[1:] if "id" in r]
+    steps = [r for r in lines[1:] if "step" in r and "id" not in r]
     assert rows[0]["hashes_only"] is True and rows[0]["block_size"] == BS
+    # the real scheduler's settings (vllm/v1/core/sched/scheduler.py), as simulate takes them
+    assert {k: rows[0]["server"][k] for k in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                                              "chunked_prefill", "prefix_caching", "kv_cache_groups")} == {
+        "block_size": BS, "num_blocks": 64, "max_num_batched_tokens": 64, "max_num_seqs": 8, "max_model_len": 256,
+        "chunked_prefill": True, "prefix_caching": True, "kv_cache_groups": 1}
+    # one line per schedule() call: the first runs a's 8 prompt tokens, the second its first decode
+    assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) >= 5
+    assert steps[0] | {"time": 0} == {"step": 0, "time": 0, "tokens": 8, "requests": 1, "prefill_tokens": 8, "decode_requests": 0, "context_tokens": 0}
+    assert {k: steps[1][k] for k in ("tokens", "prefill_tokens", "decode_requests", "context_tokens")} == \
+        {"tokens": 1, "prefill_tokens": 0, "decode_requests": 1, "context_tokens": 8}
     assert [(r["id"], r["arrival"], r["seq"], r["output_len"]) for r in rows[1:]] == [
         ("cmpl-a-0-aaaaaaaa", 0, 0, 2), ("cmpl-c-0-cccccccc", 2, 2, 4), ("cmpl-b-0-bbbbbbbb", 2, 1, 3)]
     from pagetrace.sim.vllm_hash import block_hashes
 
     assert rows[1]["block_hashes"] == block_hashes(list(range(8)) + [5, 5], BS)  # 10 tokens: 2 full blocks
+
+
+def test_pagetrace_events_records_the_schedulers_own_events_and_simulate_agrees(tmp_path, capsys):
+    """PAGETRACE_EVENTS on vLLM 0.32's Scheduler, made without a model and with no KV events
+    config: the hook turns events on (publisher "null"), every published batch is in the file,
+    the settings first; the trace and the events then agree under `simulate` with no flag."""
+    from conftest import cli
+    from transformers import LlamaConfig
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    import torch
+
+    from pagetrace.engines.vllm_trace import RecordingPublisher, patch_scheduler
+    from pagetrace.sim.events import read_file
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=8, num_key_value_heads=1,
+                vocab_size=1 << 12, max_position_embeddings=256).save_pretrained(tmp_path / "model")
+    cache = CacheConfig(block_size=BS, enable_prefix_caching=True)
+    cache.num_gpu_blocks = 12
+    vc = VllmConfig(model_config=ModelConfig(model=str(tmp_path / "model"), skip_tokenizer_init=True, max_model_len=40, enforce_eager=True, dtype="bfloat16"),
+                    cache_config=cache,
+                    scheduler_config=SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=4, max_model_len=40,
+                                                     enable_chunked_prefill=True, is_encoder_decoder=False))
+    assert vc.kv_events_config is None or not vc.kv_events_config.enable_kv_cache_events
+    kvc = KVCacheConfig(num_blocks=12, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["l.0"], FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.bfloat16))])
+    module = types.SimpleNamespace(Scheduler=type("Recorded", (Scheduler,), {}))
+    trace, events = tmp_path / "t.jsonl", tmp_path / "e.kvev"
+    patch_scheduler(module, str(trace), False, events_path=str(events))
+    sched = module.Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BS, log_stats=False)
+    assert isinstance(sched.kv_event_publisher, RecordingPublisher)
+    shared = list(range(100, 112))
+    prompts = [(shared + [0, 1, 2], 3), (shared + [10, 11, 12, 13], 2), (list(range(200, 228)), 4), (shared + [30, 31, 32], 3),
+               (list(range(300, 326)), 3), (shared + [40], 2)]  # the two long ones evict the shared prefix's blocks
+    for i, (prompt, n) in enumerate(prompts):
+        sched.add_request(_request(f"cmpl-{i}-0-aaaaaaaa", prompt, n))
+        while sched.has_requests():
+            out = sched.schedule()
+            ids = list(out.num_scheduled_tokens)
+            sampled = [[7 + i] if sched.requests[r].num_computed_tokens >= sched.requests[r].num_tokens else [] for r in ids]
+            sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)}, sampled_token_ids=sampled))
+    stream = read_file(str(events))
+    assert stream.settings["num_blocks"] == 12 and stream.settings["max_num_batched_tokens"] == 16 and stream.num_events >= 4
+    assert [b.seq for b in stream.batches] == list(range(len(stream.batches))) and stream.problems == []
+    code, out, err = cli(capsys, "simulate", "--trace", str(trace), "--events", str(events), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["events"]["equal"], json.dumps(doc["events"], indent=1)
+    from pagetrace.sim.events import BlockRemoved
+
+    assert any(isinstance(e, BlockRemoved) for b in stream.batches for e in b.events)  # the pool of 11 usable blocks evicted
+    code, out, err = cli(capsys, "simulate", "--trace", str(trace), "--events", str(events), "--num-blocks", "64")
+    assert code == 1 and "--num-blocks 64 (the server's: 12, the trace's header)" in err
+    assert "likely: num_blocks: the trace's header says the server ran with num_blocks 12" in out
 
 
 def test_a_trace_path_is_checked_before_the_server_starts(tmp_path, monkeypatch):

@@ -68,7 +68,7 @@ def test_equal_to_the_servers_events():
     msgs, _, _ = servers()
     c = compare(result, trace, stream(*msgs), 4)
     assert c.to_json() == {"mode": "hash", "predicted_items": 5, "server_items": 5, "agree": 5, "same_items_any_order": True,
-                           "equal": True, "first_divergence": None, "notes": [], "server_events_skipped": 0}
+                           "equal": True, "first_divergence": None, "likely": [], "notes": [], "server_events_skipped": 0}
 
 
 def test_digests_in_the_events_are_read_by_their_low_64_bits():

@@ -195,13 +195,13 @@ def test_compare_equal_gap_and_divergence(kv, tmp_path, capsys):
     (tmp_path / "gap.kvev").write_bytes(predicted_messages(kv, result, trace, 4, lose=1))
     code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "6", "--events", str(tmp_path / "gap.kvev"), "--json")
     doc = json.loads(out)["events"]
-    assert code == 0 and not doc["equal"] and doc["gaps"] == [[1, 1]] and "sequence gap" in doc["first_divergence"]["reason"]
+    assert code == 1 and not doc["equal"] and doc["gaps"] == [[1, 1]] and "sequence gap" in doc["first_divergence"]["reason"]
     assert "messages 1..1 missing" in err
 
     (tmp_path / "swap.kvev").write_bytes(predicted_messages(kv, result, trace, 4, swap=0))
     code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "6", "--events", str(tmp_path / "swap.kvev"), "--json")
     doc = json.loads(out)["events"]
-    assert code == 0 and not doc["equal"] and doc["same_items_any_order"] and doc["agree"] == 0
+    assert code == 1 and not doc["equal"] and doc["same_items_any_order"] and doc["agree"] == 0
     assert "depended on timing" in doc["first_divergence"]["reason"]
     first = doc["first_divergence"]
     assert first["pagetrace"]["where"] == "step 0" and first["server"]["where"] == "message 0, event 0"
@@ -209,8 +209,9 @@ def test_compare_equal_gap_and_divergence(kv, tmp_path, capsys):
 
     # the same trace simulated with a bigger pool: nothing is evicted, the server's first BlockRemoved is the divergence
     code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--num-blocks", "64", "--events", str(tmp_path / "e.kvev"))
-    assert code == 0, err
+    assert code == 1, err
     assert "first divergence" in out and "server: BlockRemoved" in out
+    assert "likely: num_blocks: the server evicted a cached block" in out and "pool of 64 blocks" in out
 
 
 def test_block_size_of_other_events_is_named(kv, tmp_path, capsys):
@@ -219,8 +220,9 @@ def test_block_size_of_other_events_is_named(kv, tmp_path, capsys):
     (tmp_path / "e.kvev").write_bytes(ev.file_bytes([(msg, 0.0)]))
     code, out, err = cli(capsys, "simulate", "--trace", path, "--block-size", "4", "--events", str(tmp_path / "e.kvev"), "--json")
     doc = json.loads(out)["events"]
-    assert code == 0 and doc["server_events_skipped"] == 1
+    assert code == 1 and doc["server_events_skipped"] == 1
     assert "message 0, event 0: a BlockStored of 16-token blocks; the simulation's blocks hold 4" in doc["notes"][0]
+    assert doc["likely"][0]["setting"] == "block_size" and doc["likely"][0]["server"] == 16
 
 
 def test_live_listen_times_out_and_reads_a_publisher(kv):
@@ -274,7 +276,7 @@ def test_the_recorded_server_is_predicted(capsys, tmp_path):
     (tmp_path / "cut.kvev").write_bytes(data[:3000])
     code, out, err = cli(capsys, "simulate", "--trace", str(ex / "server_trace.jsonl"), "--events", str(tmp_path / "cut.kvev"), *EXAMPLE, "--json")
     doc = json.loads(out)["events"]
-    assert code == 0 and doc["agree"] == 22 and "message 4 at byte 2879: truncated" in err
+    assert code == 1 and doc["agree"] == 22 and "message 4 at byte 2879: truncated" in err
     assert doc["first_divergence"]["reason"].startswith("the server's events end early")
 
 
@@ -325,7 +327,7 @@ def test_a_concurrent_recording_diverges_for_timing_and_says_so(capsys):
     ex = Path(__file__).resolve().parents[2] / "examples"
     code, out, err = cli(capsys, "simulate", "--trace", str(ex / "server_concurrent_trace.jsonl"),
                          "--events", str(ex / "server_concurrent_events.kvev"), *EXAMPLE, "--json")
-    assert code == 0, err
+    assert code == 1, err  # a divergence fails the run
     doc = json.loads(out)["events"]
     first = doc["first_divergence"]
     assert not doc["equal"] and doc["agree"] == 2  # the first request's two prefix blocks

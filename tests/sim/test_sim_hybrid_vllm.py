@@ -179,7 +179,8 @@ def _cli_against_published(batches, workload, window, num_blocks, tmp_path, caps
     # and without the groups, the sliding group's events are left out, named
     code, out, err = cli(capsys, *[a for a in args if a not in ("--layers", f"full:1,sliding:{window}:1")])
     doc = json.loads(out)["events"]
-    assert code == 0 and doc["server_events_skipped"] > 0 and any("KV cache group 1" in n for n in doc["notes"])
+    assert code == (0 if doc["equal"] else 1)  # the verdict: a divergence exits 1
+    assert doc["server_events_skipped"] > 0 and any("KV cache group 1" in n for n in doc["notes"])
 
 
 def tokens(start: int, n: int) -> list[int]:
