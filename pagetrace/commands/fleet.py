@@ -239,23 +239,15 @@ def _settings(texts: list[str], traces: list[str], streams: list, event_files: l
     """sim/settings.py `resolve` over every recording: each trace's header, then each events
     file's settings. A fleet's instances share one setting: recordings that disagree on one the
     flags leave open are refused, naming it."""
-    import json
-
     from ..errors import UsageError
     from ..sim.mooncake import MOONCAKE_BLOCK
-    from ..sim.settings import OPTIONS, resolve, show
-    from ..sim.trace import header_from_json
+    from ..sim.settings import OPTIONS, header_settings, resolve, show
 
     sources = []
     for text, path in zip(texts, traces):
-        first = next((line for line in text.splitlines() if line.strip()), "")
-        try:
-            obj = json.loads(first)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and "format" in obj:
-            header = header_from_json(obj)
-            sources.append((f"{path}'s header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+        recorded = header_settings(text)
+        if recorded is not None:
+            sources.append((f"{path}'s header", recorded))
     sources += [(f"{path}'s settings", stream.settings) for stream, path in zip(streams, event_files) if stream.settings]
     for key in OPTIONS:
         seen = {(name, s[key]) for name, s in sources if s.get(key) is not None}

@@ -437,21 +437,12 @@ def _sweep(sweep, jobs, chart, others, source, workload, resolved, policy, max_m
 def _settings(trace_text, trace_kind, stream, given: dict):
     """The run's settings: the flags, else the recording's (the trace's header, then the events
     file's), else the defaults (a flag that contradicts the recording: `Resolved.line`)."""
-    import json
-
-    from ..sim.settings import resolve
-    from ..sim.trace import header_from_json
+    from ..sim.settings import header_settings, resolve
 
     sources = []
-    if trace_kind == "pagetrace":
-        first = next((line for line in trace_text.splitlines() if line.strip()), "")
-        try:
-            obj = json.loads(first)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and "format" in obj:
-            header = header_from_json(obj)
-            sources.append(("the trace's header", {**header.server, "block_size": header.server.get("block_size", header.block_size)}))
+    recorded = header_settings(trace_text) if trace_kind == "pagetrace" else None
+    if recorded is not None:
+        sources.append(("the trace's header", recorded))
     if stream is not None and stream.settings:
         sources.append(("the events file", stream.settings))
     from ..sim.mooncake import MOONCAKE_BLOCK

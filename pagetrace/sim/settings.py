@@ -67,3 +67,21 @@ def resolve(given: dict, sources: list[tuple[str, dict]], defaults: dict | None 
 
 
 __all__ = ["DEFAULTS", "OPTIONS", "Resolved", "resolve"]
+
+
+def header_settings(text: str) -> dict | None:
+    """The server settings a pagetrace trace's header records (its block size among them), or
+    None when the text's first line is no header: what `simulate` and `fleet` take as defaults."""
+    import json
+
+    from .trace import header_from_json
+
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return None
+    if not (isinstance(obj, dict) and "format" in obj):
+        return None
+    header = header_from_json(obj)
+    return {**header.server, "block_size": header.server.get("block_size", header.block_size)}
