@@ -17,12 +17,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -43,39 +40,12 @@ def _plugin_installed() -> bool:
 if not _plugin_installed():
     pytest.skip("pagetrace's vllm.general_plugins entry point is not installed (pip install -e .)", allow_module_level=True)
 
+from test_sim_server_events import free_port, make_model, stop, wait_healthy  # noqa: E402  (the one server helper set)
+
 pytestmark = pytest.mark.vllm
 BLOCK, NUM_BLOCKS = 32, 16
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_model(path) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, vocab_size=16384, max_position_embeddings=512)).save_pretrained(path)
-
-
-def stop(proc) -> None:
-    """SIGTERM to the server's process group, SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
 
 
 class Server:
@@ -101,16 +71,7 @@ class Server:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
 
     def wait_healthy(self, deadline: float) -> None:
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{self.url}/health", timeout=2)
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
-                time.sleep(1)
+        wait_healthy(self.proc, self.url, self.log, deadline, START_TIMEOUT)
 
     def finish(self) -> None:
         """Stop the server: its trace and events files are whole once it has stopped."""

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from conftest import cli
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed: pip install -e '.[vllm]' to run a server recording itself", allow_module_level=True)
 
-from test_sim_server_events import BLOCK, NUM_BLOCKS, ROOT, free_port, make_model, stop, workload  # noqa: E402
+from test_sim_server_events import BLOCK, NUM_BLOCKS, ROOT, free_port, make_model, stop, wait_healthy, workload  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -47,17 +46,7 @@ def recording(tmp_path_factory):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not answer /health within 300 s:\n{log_path.read_text()[-3000:]}")
-                time.sleep(1)
+        wait_healthy(proc, f"http://127.0.0.1:{port}", log_path, time.monotonic() + 300)
         from pagetrace.sim.record import record
 
         record(f"http://127.0.0.1:{port}", str(folder / "model"), workload(), block_size=BLOCK, timeout=120)

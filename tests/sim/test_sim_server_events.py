@@ -65,6 +65,21 @@ def model(tmp_path_factory):
     return path
 
 
+def wait_healthy(proc, url: str, log_path: Path, deadline: float, timeout_s: int = 300) -> None:
+    """Until `url`/health answers; the test fails, with the end of the server's log, if the
+    server exits first or `deadline` (time.monotonic) passes."""
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the vLLM server did not answer /health within {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(1)
+
+
 @contextmanager
 def serving(model, folder, private: bool = False):
     """A server whose plugin records its own trace to folder/server-trace.jsonl; stopped by PID whatever happens."""
@@ -88,17 +103,7 @@ def serving(model, folder, private: bool = False):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the vLLM server did not answer /health within 300 s:\n{log_path.read_text()[-3000:]}")
-                time.sleep(1)
+        wait_healthy(proc, f"http://127.0.0.1:{port}", log_path, time.monotonic() + 300)
         sys.__stdout__.write(f"vLLM server up in {time.monotonic() - start:.1f} s\n")
         yield Server(f"http://127.0.0.1:{port}", str(model), endpoint, log_path, server_trace, lambda: stop(proc))
     finally:
