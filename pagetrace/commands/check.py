@@ -22,14 +22,16 @@ def check(
     bundle: Annotated[str, typer.Argument(help="Capture bundle folder (manifest.json + step files).", show_default=False)],
     step: Annotated[int | None, IntOption(help="Check only this step (default: every step in the bundle).")] = None,
     data: Annotated[bool, typer.Option("--data/--no-data", help="Also read the new tokens' K/V back through the layout (loads torch).")] = True,
+    ring: Annotated[bool, typer.Option("--ring", help="Also check every step of the bundle's metadata ring (index checks: it keeps no pages).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else on stdout.")] = False,
 ) -> int:
-    from ..engines.bundle import read_layer, read_manifest, read_step
+    from ..engines.bundle import read_layer, read_manifest, read_step, step_entries
     from ..engines.check import check_step
     from .output import emit_json, stdout_console
 
     manifest = read_manifest(bundle)
-    numbers = [s["step"] for s in manifest.steps] if step is None else [step]
+    entries = step_entries(manifest) if ring or not manifest.steps else manifest.steps
+    numbers = [s["step"] for s in entries] if step is None else [step]
     results = []
     for number in numbers:
         st = read_step(bundle, manifest, number)
@@ -42,8 +44,9 @@ def check(
             "engine": manifest.engine,
             "layout": manifest.layout.name,
             "passed": total == 0,
+            **({"ring": ring_json(manifest)} if manifest.ring else {}),
             "steps": [
-                {"step": st.step, "requests": st.requests, "tokens": st.num_tokens, "violations": [v.to_json() for v in found],
+                {"step": st.step, "requests": st.requests, "tokens": st.num_tokens, **({"ring": True} if st.ring else {}), "violations": [v.to_json() for v in found],
                  **({"guard": st.guard} if st.guard else {})}
                 for st, found in results
             ],
@@ -60,10 +63,13 @@ def check(
         markup=False,
         soft_wrap=True,
     )
+    if manifest.ring:
+        console.print(ring_words(manifest, ring or not manifest.steps), markup=False, soft_wrap=True)
     for st, found in results:
         head = f"step {st.step}: {plural(len(st.requests), 'request')}, {plural(st.num_tokens, 'new token')}"
         if not found:
-            console.print(f"{head}: clean" + (f" (data checked on {'layer' if len(st.layers) == 1 else 'layers'} {', '.join(map(str, st.layers))})" if data else ""), markup=False)
+            data_words = f" (data checked on {'layer' if len(st.layers) == 1 else 'layers'} {', '.join(map(str, st.layers))})" if data and st.layers else ""
+            console.print(f"{head}: clean" + (" (metadata ring)" if st.ring else data_words), markup=False)
             continue
         console.print(f"{head}: {len(found)} violation{'s' if len(found) > 1 else ''}", markup=False)
         if st.guard:
@@ -79,6 +85,21 @@ def check(
             console.print(f"... and {len(found) - SHOWN} more (--json lists all)")
     console.print("passed: every invariant holds" if total == 0 else f"failed: {total} violation{'s' if total > 1 else ''}", markup=False)
     return 0 if total == 0 else 1
+
+
+def ring_json(manifest) -> dict:
+    r = manifest.ring
+    return {k: r.get(k) for k in ("steps", "first", "last", "bytes", "bound_bytes")}
+
+
+def ring_words(manifest, checked: bool) -> str:
+    """One line: what the metadata ring holds, and whether this run checks it."""
+    r = manifest.ring
+    if not r.get("steps"):
+        return "metadata ring: empty"
+    told = "checked below" if checked else "--ring checks them too, --step N one of them"
+    return (f"metadata ring: steps {r['first']}..{r['last']} ({r['steps']} steps: index tensors and request ids, no pages) "
+            f"in {r['bytes'] / (1 << 20):.2f} MiB of {r['bound_bytes'] / (1 << 20):g}; {told}")
 
 
 def guard_words(guard: dict) -> str:

@@ -69,6 +69,8 @@ class Manifest:
     sliding_window: int | None
     layers: dict[int, str]  # layer index -> engine's layer name
     steps: list[dict]
+    ring: dict | None = None  # the metadata ring's entry (meta_ring.py): its steps, bytes and segment files
+    folder: Path | None = None  # the bundle's folder (the ring's segments are read from it)
 
     @property
     def element_size(self) -> int:
@@ -103,6 +105,7 @@ class Step:
     blocks: list[int]  # physical blocks whose pages are stored
     dtypes: dict[str, str] = field(default_factory=dict)  # index tensor -> numpy dtype name
     guard: dict | None = None  # the guard's record of a step it flagged (mode, violations, what it made safe, affected requests)
+    ring: bool = False  # a step of the metadata ring: index tensors and request ids, no pages
 
     @property
     def num_tokens(self) -> int:
@@ -150,16 +153,27 @@ def names_request(name: str, engine_id: str) -> bool:
 
 
 def steps_holding(manifest: "Manifest", request: str) -> list[int]:
-    """The steps whose requests a client's name fits (from the manifest alone: no step file read)."""
-    return [s["step"] for s in manifest.steps if any(r == request or names_request(request, r) for r in s["requests"])]
+    """The steps whose requests a client's name fits (the manifest's steps, then the metadata ring's)."""
+    found = {s["step"] for s in manifest.steps if any(r == request or names_request(request, r) for r in s["requests"])}
+    found |= {n for n, requests in ring_requests(manifest).items() if any(r == request or names_request(request, r) for r in requests)}
+    return sorted(found)
+
+
+def step_entries(manifest: "Manifest") -> list[dict]:
+    """Every step the bundle holds, as manifest entries ({step, requests, ...}): the step files, and
+    the metadata ring's steps that have no file (`ring: True`), in step order."""
+    files = {s["step"] for s in manifest.steps}
+    ring = [{"step": n, "requests": r, "layers": [], "ring": True} for n, r in ring_requests(manifest).items() if n not in files]
+    return sorted(manifest.steps + ring, key=lambda e: e["step"])
 
 
 def step_for_request(manifest: "Manifest", step: int | None, request: str | None, note=None) -> int | None:
     """The step to read: `step` when given; else the first step when it holds the request (or no
     request is named); else the first that holds it, with `note` told the list. None of them: refused."""
-    if step is not None or request is None or not manifest.steps:
+    entries = step_entries(manifest)
+    if step is not None or request is None or not entries:
         return step
-    first = manifest.steps[0]
+    first = entries[0]
     if any(r == request or names_request(request, r) for r in first["requests"]) or (request.isdigit() and int(request) < len(first["requests"])):
         return None
     holding = steps_holding(manifest, request)
@@ -253,7 +267,8 @@ def read_manifest(path: str | Path) -> Manifest:
             raise BundleError(file, f"layers[{i}].index", f"{index} is outside 0..{dims['num_layers'] - 1}")
         layers[index] = _get(entry, "name", str, file, f"layers[{i}].")
     steps = _get(doc, "steps", list, file)
-    if not steps:
+    ring = _ring_entry(doc, file)
+    if not steps and not (ring and ring["segments"]):
         raise BundleError(file, "steps", "is empty: the bundle holds no step")
     for i, entry in enumerate(steps):
         if not isinstance(entry, dict):
@@ -290,6 +305,8 @@ def read_manifest(path: str | Path) -> Manifest:
         sliding_window=window,
         layers=layers,
         steps=steps,
+        ring=ring,
+        folder=folder,
     )
     try:  # the dims must fit the layout's splits (amx: block_size a multiple of 16)
         check_factors(manifest.geometry())
@@ -301,18 +318,109 @@ def read_manifest(path: str | Path) -> Manifest:
 def _step_entry(manifest: Manifest, step: int | None, option: str = "--step") -> dict:
     numbers = [s["step"] for s in manifest.steps]
     if step is None:
-        return manifest.steps[0]
+        return manifest.steps[0] if manifest.steps else step_entries(manifest)[0]
     for entry in manifest.steps:
         if entry["step"] == step:
             return entry
-    raise UsageError(option, step, f"the bundle holds steps {', '.join(map(str, numbers))}")
+    if step in ring_requests(manifest):
+        return {"step": step, "ring": True}
+    held = f"steps {ranges_text(numbers)}" if numbers else "no step file"
+    if manifest.ring and manifest.ring.get("steps"):
+        held += f", and steps {ranges_text(sorted(ring_requests(manifest)))} in its metadata ring"
+    raise UsageError(option, step, f"the bundle holds {held}")
+
+
+def _ring_entry(doc: dict, file) -> dict | None:
+    """The manifest's `ring` entry, checked: segment files inside the folder, step numbers."""
+    ring = doc.get("ring")
+    if ring is None:
+        return None
+    if not isinstance(ring, dict):
+        raise BundleError(file, "ring", "must be an object")
+    segments = _get(ring, "segments", list, file, "ring.")
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, dict):
+            raise BundleError(file, f"ring.segments[{i}]", "must be an object")
+        name = _get(seg, "file", str, file, f"ring.segments[{i}].")
+        if "/" in name or name in ("", ".", ".."):
+            raise BundleError(file, f"ring.segments[{i}].file", f"{name!r}: name a file inside the bundle folder")
+        for key in ("first", "last", "steps"):
+            _get(seg, key, int, file, f"ring.segments[{i}].")
+    return ring
+
+
+_RING_CACHE: dict = {}  # (segment path, size, mtime) -> its decoded steps
+
+
+def _ring_segment(manifest: Manifest, seg: dict) -> list[dict]:
+    from . import meta_ring
+
+    path = Path(manifest.folder) / seg["file"]
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        if key not in _RING_CACHE:
+            _RING_CACHE.clear()  # one segment at a time in memory
+            steps = meta_ring.read_segment(path.read_bytes())
+            numbers = [st["step"] for st in steps]
+            if len(steps) != seg["steps"] or (steps and (numbers[0], numbers[-1]) != (seg["first"], seg["last"])):
+                raise ValueError(f"it holds {len(steps)} steps{f' ({numbers[0]}..{numbers[-1]})' if steps else ''}; the manifest's ring says "
+                                 f"{seg['steps']} ({seg['first']}..{seg['last']}): the file is cut short or not this bundle's")
+            _RING_CACHE[key] = steps
+    except FileNotFoundError:
+        raise BundleError(path, "file", "is missing (the manifest's ring lists it)") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise BundleError(path, "file", f"is not a readable metadata ring segment ({exc})") from None
+    return _RING_CACHE[key]
+
+
+def ring_requests(manifest: Manifest) -> dict[int, list[str]]:
+    """Step -> its request ids, for every step of the metadata ring (decodes the segments once each)."""
+    if not manifest.ring or manifest.folder is None:
+        return {}
+    key = ("requests", str(manifest.folder), json.dumps(manifest.ring, sort_keys=True))
+    cached = _RING_REQUESTS.get(key)
+    if cached is None:
+        cached = {}
+        for seg in manifest.ring["segments"]:
+            cached.update({s["step"]: s["requests"] for s in _ring_segment(manifest, seg)})
+        _RING_REQUESTS.clear()
+        _RING_REQUESTS[key] = cached
+    return cached
+
+
+_RING_REQUESTS: dict = {}
+
+
+def _ring_step(manifest: Manifest, step: int) -> Step:
+    """One step of the metadata ring as a `Step` (no layers, no pages: `ring` True)."""
+    for seg in manifest.ring["segments"]:
+        if seg["first"] <= step <= seg["last"]:
+            for s in _ring_segment(manifest, seg):
+                if s["step"] == step:
+                    table, counts, slots = s["block_table"], s["block_counts"], s["slot_mapping"]
+                    used = [table[r, : min(int(c), table.shape[1])] for r, c in enumerate(counts)]
+                    written = [int(x) // s["block_size"] for x in slots.tolist() if x >= 0]
+                    blocks = sorted({int(b) for row in used for b in row.tolist()} | set(written))
+                    positions = s["positions"].tolist()
+                    qsl, lens = s["query_start_loc"].tolist(), s["seq_lens"].tolist()
+                    if len(positions) != qsl[-1]:  # the model's positions were not seen: derived, as capture does
+                        positions = [p for r, n in enumerate(lens) for p in range(n - (qsl[r + 1] - qsl[r]), n)]
+                    return Step(step=step, file=Path(manifest.folder) / seg["file"], requests=s["requests"], layers=[],
+                                query_start_loc=qsl, seq_lens=lens, block_table=table.tolist(),
+                                block_counts=counts.tolist(), slot_mapping=slots.tolist(), positions=positions, blocks=blocks,
+                                dtypes=dict(manifest.ring.get("dtypes") or {}), ring=True)
+    raise UsageError("--step", step, "is not in the bundle's metadata ring")
 
 
 def read_step(folder: str | Path, manifest: Manifest, step: int | None = None) -> Step:
-    """The index tensors of one step, checked for presence, rank and agreement of sizes."""
+    """The index tensors of one step, checked for presence, rank and agreement of sizes (a step
+    of the metadata ring: decoded from its segment)."""
     from safetensors import SafetensorError, safe_open
 
     entry = _step_entry(manifest, step)
+    if entry.get("ring"):
+        return _ring_step(manifest, entry["step"])
     file = Path(folder) / entry["file"]
     try:
         with safe_open(str(file), framework="numpy") as f:
@@ -462,6 +570,26 @@ class LiveBundle:
         self.manifest["steps"].append({"step": step, "file": name, "requests": requests, "layers": layers, **extra})
         self._atomic("manifest.json", lambda tmp: tmp.write_text(json.dumps(self.manifest, indent=2) + "\n"))
         for file in gone:
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / file).unlink()
+
+    def add_ring(self, name: str | None, data: bytes, index: dict, drop: list[str] = ()) -> None:
+        """A segment of the metadata ring (meta_ring.py): its file (None: none, segments only
+        leave), then the manifest's `ring` entry (what the ring holds), then the files of the
+        segments that left."""
+        if not self.created:
+            os.mkdir(self.path)
+            self.created = True
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+        if name is not None:
+            self._atomic(name, write)
+        self.manifest["ring"] = index
+        self._atomic("manifest.json", lambda tmp: tmp.write_text(json.dumps(self.manifest, indent=2) + "\n"))
+        for file in drop:
             with contextlib.suppress(FileNotFoundError):
                 (self.path / file).unlink()
 

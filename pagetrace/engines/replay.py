@@ -72,6 +72,11 @@ def refuse_violations(manifest: Manifest, step: Step) -> None:
     cannot judge attention there."""
     from .check import Checker
 
+    if step.ring:
+        pages = [e["step"] for e in manifest.steps if e.get("layers")]
+        held = f"steps with pages: {', '.join(map(str, pages))}" if pages else "no step of this bundle has pages"
+        raise ReplayRefused(f"step {step.step} is in the bundle's metadata ring: its index tensors and request ids, no cache pages, query or "
+                            f"output; replay reads a step with pages ({held}); `pagetrace check --step {step.step}` checks its tables")
     checker = Checker(manifest, step)
     checker.run()
     found = [v for v in checker.found if v.check != "dtype"]

@@ -355,7 +355,7 @@ class Recorder:
 
     def step_extra(self, rec: dict) -> dict:
         extra = {"client_requests": rec["client_requests"], "positions": rec["positions"]}
-        extra.update({k: rec[k] for k in ("note", "guard") if k in rec})
+        extra.update({k: rec[k] for k in ("note", "guard", "forced") if k in rec})
         return extra
 
     # -- the bundle ---------------------------------------------------------------------
@@ -436,6 +436,9 @@ class Tap:
         self.affected: list[tuple[int, list[str]]] = []  # (step, engine request ids whose output was not trusted)
         self.to_fail: set[str] = set()  # abort: engine ids still to be failed through the scheduler
         self.failing: set[int] = set()  # abort: this step's blocks to report (`abort_blocks`)
+        self.ring = None  # the metadata ring (meta_ring.MetaRing): every step's index tensors and request ids
+        self.ring_seconds, self.ring_steps = 0.0, 0
+        self.force_next = False  # keep the next step with its pages (the plugin's SIGUSR1 with PAGETRACE_PAGES=flagged)
 
     def metadata(self):
         from vllm.forward_context import get_forward_context
@@ -467,15 +470,26 @@ class Tap:
         positions = positions if positions is not None and positions.dim() == 1 else None
         undo = [edit(m) for edit in self.plants.get(step, ())]
         try:
+            if self.ring is not None and not self.paused:  # the step as the guard sees it, before anything is made safe
+                started = time.perf_counter()
+                n = int(m.num_actual_tokens)
+                self.ring.add(step, self.engine_ids(int(m.seq_lens.shape[0])), m.query_start_loc, m.seq_lens, m.block_table, m.slot_mapping,
+                              None if positions is None else positions[:n])
+                self.ring_seconds += time.perf_counter() - started
+                self.ring_steps += 1
             found, checked = [], None
             if self.guard and not self.paused:
                 started = time.perf_counter()
                 found, checked = self.check(m, positions, step)
                 self.guard_seconds += time.perf_counter() - started
                 self.guard_steps += 1
-            if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
+            forced, self.force_next = self.force_next, False
+            if found or forced or self.recorder.ranges != []:  # [] keeps nothing (the guard alone, or the metadata ring)
                 n = int(m.num_actual_tokens)
-                self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])), force=bool(found))
+                rec = self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])),
+                                          force=bool(found) or forced)
+                if forced and rec is not None:
+                    rec["forced"] = "signal"
             if self.to_fail:
                 self.choose_blocks(m)
             if not found:

@@ -13,6 +13,8 @@ called from engine/arg_utils.py, v1/engine/core.py and v1/worker/worker_base.py
     PAGETRACE_LAYERS=0,1         attention layers to keep (default all)
     PAGETRACE_REQUESTS=cmpl-a,.. keep only steps that hold one of these requests
     PAGETRACE_RING_MIB=256       keep the last steps that fit in this many MiB (default 256)
+    PAGETRACE_PAGES=all|flagged  which steps keep their cache pages (default all); flagged: only the steps the
+                                 guard flags and the step after SIGUSR1, every step's metadata in the ring (meta_ring.py)
     PAGETRACE_GUARD_PLANT=...    plant a bug to test the guard (see `parse_plants`)
     PAGETRACE_TRACE=PATH         record every request the scheduler receives as a trace (must not exist)
     PAGETRACE_TRACE_PRIVATE=1    ... with vLLM's block hashes instead of token ids (vllm_trace.py)
@@ -36,7 +38,8 @@ import os
 
 TARGET = "vllm.v1.worker.gpu_model_runner"
 DEFAULT_RING_MIB = 256.0
-NAMES = ("PAGETRACE_CAPTURE", "PAGETRACE_GUARD", "PAGETRACE_STEPS", "PAGETRACE_LAYERS", "PAGETRACE_REQUESTS", "PAGETRACE_RING_MIB", "PAGETRACE_GUARD_PLANT")
+NAMES = ("PAGETRACE_CAPTURE", "PAGETRACE_GUARD", "PAGETRACE_STEPS", "PAGETRACE_LAYERS", "PAGETRACE_REQUESTS", "PAGETRACE_RING_MIB", "PAGETRACE_PAGES",
+         "PAGETRACE_GUARD_PLANT")
 
 
 # The vLLM releases whose internals the patches below were written against and tested on
@@ -121,9 +124,9 @@ def _refuse(message: str):
 
 
 class Settings:
-    def __init__(self, capture, guard, steps, layers, requests, ring_mib, plants, steps_text) -> None:
+    def __init__(self, capture, guard, steps, layers, requests, ring_mib, plants, steps_text, pages: str = "all") -> None:
         self.capture, self.guard, self.steps, self.layers, self.requests = capture, guard, steps, layers, requests
-        self.ring_mib, self.plants, self.steps_text = ring_mib, plants, steps_text
+        self.ring_mib, self.plants, self.steps_text, self.pages = ring_mib, plants, steps_text, pages
 
     @classmethod
     def from_env(cls, env) -> "Settings":
@@ -162,14 +165,24 @@ class Settings:
             raise UsageError("PAGETRACE_RING_MIB", ring, "must be a number of MiB (e.g. 256)") from None
         if not ring_mib > 0 or ring_mib != ring_mib or ring_mib == float("inf"):
             raise UsageError("PAGETRACE_RING_MIB", ring, "must be a positive number of MiB")
+        pages = env.get("PAGETRACE_PAGES") or "all"
+        if pages not in ("all", "flagged"):
+            raise UsageError("PAGETRACE_PAGES", pages, "choose all (every kept step with its cache pages) or flagged (pages only for the steps "
+                                                       "the guard flags and on SIGUSR1; every step's metadata in the ring)")
+        if pages == "flagged" and ring_mib < 1 / 16:
+            raise UsageError("PAGETRACE_RING_MIB", ring, "the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds about 4,000 steps of 256 requests")
+        if pages == "flagged":
+            for name in ("PAGETRACE_STEPS", "PAGETRACE_REQUESTS"):
+                if env.get(name):
+                    raise UsageError(name, env[name], "chooses which steps keep their pages; with PAGETRACE_PAGES=flagged only the guard and SIGUSR1 choose")
         if capture is None:
-            for name in ("PAGETRACE_STEPS", "PAGETRACE_LAYERS", "PAGETRACE_REQUESTS", "PAGETRACE_RING_MIB"):
+            for name in ("PAGETRACE_STEPS", "PAGETRACE_LAYERS", "PAGETRACE_REQUESTS", "PAGETRACE_RING_MIB", "PAGETRACE_PAGES"):
                 if env.get(name):
                     raise UsageError(name, env[name], "chooses what a capture keeps; set PAGETRACE_CAPTURE=PATH too")
         plants = parse_plants(env["PAGETRACE_GUARD_PLANT"]) if env.get("PAGETRACE_GUARD_PLANT") else {}
         if plants and guard is None:
             raise UsageError("PAGETRACE_GUARD_PLANT", env["PAGETRACE_GUARD_PLANT"], "plants bugs for the guard to find; set PAGETRACE_GUARD too")
-        return cls(capture, guard, steps, layers, requests, ring_mib, plants, steps_text)
+        return cls(capture, guard, steps, layers, requests, ring_mib, plants, steps_text, pages)
 
     def smallest_step(self, num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, element_size: int) -> int:
         """Bytes of the smallest step a capture keeps: one request, one new token, one block
@@ -188,7 +201,7 @@ class Settings:
             bad = [i for i in self.layers if i >= num_layers]
             if bad:
                 return f"invalid value for PAGETRACE_LAYERS: {os.environ.get('PAGETRACE_LAYERS')!r}: layer {bad[0]} does not exist; the model has layers 0..{num_layers - 1}"
-        if self.capture is not None:
+        if self.capture is not None and self.pages == "all":
             import torch
 
             element = torch.empty(0, dtype=mc.dtype).element_size()
@@ -202,7 +215,10 @@ class Settings:
     def words(self, capture: str | None = None) -> str:
         """The settings in one phrase; `capture`: the path this process writes (a rank's own, with TP)."""
         ring = f"ring {self.ring_mib:g} MiB"
-        keep = f"steps {self.steps_text or 'all'}, layers {','.join(map(str, self.layers)) if self.layers is not None else 'all'}"
+        if self.pages == "flagged":
+            ring = f"metadata ring {self.ring_mib:g} MiB"
+        keep = "pages of the flagged steps" if self.pages == "flagged" else f"steps {self.steps_text or 'all'}"
+        keep += f", layers {','.join(map(str, self.layers)) if self.layers is not None else 'all'}"
         if self.requests is not None:
             keep += f", requests {','.join(self.requests)}"
         capture = f"capture to {capture or self.capture} ({keep}, {ring})" if self.capture else "no capture"
@@ -321,15 +337,21 @@ class Session:
         except (AssertionError, AttributeError):
             self.rank, self.world_size = 0, 1
         keep = settings.capture is not None
-        self.recorder = Recorder(steps=settings.steps if keep else [], layers=settings.layers, requests=settings.requests,
-                                 ring_bytes=int(settings.ring_mib * (1 << 20)) if keep else 0)
+        every = keep and settings.pages == "all"  # every chosen step with its pages; else only what the guard or SIGUSR1 forces
+        self.recorder = Recorder(steps=settings.steps if every else [], layers=settings.layers, requests=settings.requests,
+                                 ring_bytes=int(settings.ring_mib * (1 << 20)) if every else None if keep else 0)
         self.recorder.configure(runner.vllm_config, rank=self.rank, world_size=self.world_size)
         self.recorder.sink = self.sink
         self.tap = Tap(runner, self.recorder, guard=settings.guard, on_fire=self.on_fire, plants=settings.plants, log=self.logger.warning)
+        if keep and not every:
+            from .meta_ring import MetaRing
+
+            self.tap.ring = MetaRing(int(settings.ring_mib * (1 << 20)), self.recorder.block_size, sink=self.ring_sink)
         self.bundles: list = []  # LiveBundle, the current one last
         self.fired = 0  # flagged steps so far
         self.busy = False
         self.pending: str | None = None  # a rotation asked for by a signal during a write
+        self.forced = False  # the step SIGUSR1 asked pages for is written (PAGETRACE_PAGES=flagged)
         self.dropped_told = 0
 
     def start(self) -> None:
@@ -355,14 +377,16 @@ class Session:
             self.open()
             if main:
                 signal.signal(signal.SIGUSR1, lambda signum, frame: self.rotate("signal SIGUSR1"))
-        if self.settings.guard is not None and main:
+        if (self.settings.guard is not None or self.tap.ring is not None) and main:
             signal.signal(signal.SIGUSR2, lambda signum, frame: self.toggle())
 
     def toggle(self) -> None:
-        """SIGUSR2: the guard off, or on again (bench/bench_guard.py compares the two in one server)."""
+        """SIGUSR2: the guard and the metadata ring off, or on again (bench/bench_guard.py compares the two in one server)."""
         tap = self.tap
         tap.paused = not tap.paused
         cost = f"; {tap.guard_steps} steps checked so far, {tap.guard_seconds / tap.guard_steps * 1e6:.0f} µs each" if tap.guard_steps else ""
+        if tap.ring_steps:
+            cost += f"; {tap.ring_steps} steps into the metadata ring, {tap.ring_seconds / tap.ring_steps * 1e6:.0f} µs each ({tap.ring.statement()})"
         self.logger.info("pagetrace guard: %s after step %d%s", "paused" if tap.paused else "resumed", tap.step, cost)
 
     def path(self):
@@ -399,16 +423,39 @@ class Session:
             self.logger.warning("pagetrace: step %d (%.2f MiB) is bigger than PAGETRACE_RING_MIB=%g alone: not kept (%d such steps)",
                                 step, size / (1 << 20), self.settings.ring_mib, len(dropped))
             self.dropped_told = len(dropped)
+        if rec.get("forced"):
+            self.forced = True
         if self.pending:
             reason, self.pending = self.pending, None
             self.rotate(reason)
 
+    def ring_sink(self, name: str, data: bytes, index: dict, dropped: list[str]) -> None:
+        """A closed segment of the metadata ring into the open bundle (the oldest that left, out of it)."""
+        self.busy = True
+        try:
+            self.bundles[-1].add_ring(name, data, index, dropped)
+        finally:
+            self.busy = False
+
     def rotate(self, reason: str) -> None:
-        """Close the current bundle (its steps stay, the manifest says why) and go on into a new one."""
+        """Close the current bundle (its steps stay, the manifest says why) and go on into a new one.
+        With the metadata ring, its open segment goes into the bundle first; from a signal, the
+        next step's pages are taken first (`Tap.force_next`), and the bundle closes after it."""
         if self.busy:
             self.pending = reason
             return
+        ring = self.tap.ring
+        if ring is not None and reason.startswith("signal") and not self.forced:
+            self.tap.force_next, self.pending = True, reason
+            return
+        self.forced = False
         live = self.bundles[-1]
+        if ring is not None:
+            info, data, dropped = ring.flush()
+            if info is not None:
+                live.add_ring(info["file"], data, ring.index(info), dropped)
+            self.logger.info("pagetrace: %s: %s", reason, ring.statement())
+            ring.reset()
         if not live.created:
             self.logger.info("pagetrace: %s: no step kept yet, no bundle", reason)
             return
