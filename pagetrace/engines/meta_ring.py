@@ -11,8 +11,9 @@ themselves are about 20 kB, so a step is stored as its difference from the step 
   row r of the last one: seq_lens + 1, slots + 1, positions + 1, request ids unchanged;
 - a table row grows by one entry every block_size tokens: only the changed entries of the
   used part of the table (j < ceil(seq_len / block_size)) are stored, as (index, value);
-- each difference array is stored in the smallest integer type that holds it, and the
-  records of a segment go through one zlib stream (its history spans steps).
+- a step's differences and changed entries are stored together in the smallest integer type
+  that holds them all, and the records of a segment go through one zlib stream (its history
+  spans steps).
 
 A segment is SEGMENT_STEPS steps (fewer when its bytes reach an eighth of the bound); its
 first step is stored whole, so each segment decodes alone. A closed segment is handed to
@@ -33,9 +34,10 @@ import numpy as np
 
 MAGIC = b"PTRING1\n"
 SEGMENT_STEPS = 1024
-HEADER = 9  # int64 fields: step, rows, width, slots, positions, changes, id bytes, dtype codes, block size
-ARRAYS = ("rows", "query_start_loc", "seq_lens", "slot_mapping", "positions", "change_index", "change_value")
+HEADER = 9  # int64 fields: step, rows, width, slots, positions, changes, id bytes, the values' integer type, block size
+VALUES = ("rows", "query_start_loc", "seq_lens", "slot_mapping", "positions")  # each stored as its difference from the last step's
 DTYPES = (np.int8, np.int16, np.int32, np.int64)
+_LIMITS = [(int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in DTYPES]
 SEP = b"\0"
 
 
@@ -63,10 +65,9 @@ def _narrow(a: np.ndarray) -> tuple[int, np.ndarray]:
     if a.size == 0:
         return 0, a.astype(np.int8)
     lo, hi = int(a.min()), int(a.max())
-    for code, dt in enumerate(DTYPES):
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return code, a.astype(dt)
+    for code, (low, high) in enumerate(_LIMITS):
+        if low <= lo and hi <= high:
+            return code, a.astype(DTYPES[code])
     return 3, a
 
 
@@ -84,13 +85,13 @@ class Encoder:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.last_requests: list[str] | None = None
-        self.prev = {name: np.zeros(0, dtype=np.int64) for name in ("rows", "query_start_loc", "seq_lens", "slot_mapping", "positions")}
+        self.prev = [np.zeros(0, dtype=np.int64) for _ in VALUES]  # the last step's rows, query_start_loc, seq_lens, slot_mapping, positions
         self.table = np.zeros((0, 0), dtype=np.int64)  # the last step's table: its used entries, and before that what each row held
 
     def encode(self, step: int, requests: list[str], query_start_loc, seq_lens, block_table, slot_mapping, positions, block_size: int) -> bytes:
         new_ids = []
         if requests == self.last_requests:  # a decode step of an unchanged batch: one list compare
-            rows = self.prev["rows"]
+            rows = self.prev[0]
         else:
             ids = self.ids
             for name in requests:
@@ -100,35 +101,29 @@ class Encoder:
             rows = np.fromiter((ids[name] for name in requests), dtype=np.int64, count=len(requests))
             self.last_requests = list(requests)
         num = len(requests)
-        qsl = _host(query_start_loc)[: num + 1]
         lens = _host(seq_lens)[:num]
-        slots = _host(slot_mapping)
-        pos = np.zeros(0, dtype=np.int64) if positions is None else _host(positions)
-        counts = np.clip((lens + block_size - 1) // block_size, 0, None)
-        width = int(counts.max()) if num else 0
+        current = [rows, _host(query_start_loc)[: num + 1], lens, _host(slot_mapping),
+                   _EMPTY if positions is None else _host(positions)]
+        counts = (lens + block_size - 1) // block_size
+        width = max(int(counts.max()), 0) if num else 0
         table = _host(block_table[:num, :width]) if width else np.zeros((num, 0), dtype=np.int64)
         width = table.shape[1]  # a row narrower than its count (a bad seq_len): what there is
         base = _carried(self.table, num, width)
-        table = np.where(np.arange(width)[None, :] < counts[:, None], table, base)  # past a row's count: not kept, not changed
+        table = np.where(_COLUMNS[:, :width] < counts[:, None], table, base) if width <= _COLUMNS.shape[1] else \
+            np.where(np.arange(width)[None, :] < counts[:, None], table, base)  # past a row's count: not kept, not changed
         change = np.flatnonzero(table != base)
-        values = table.reshape(-1)[change]
         self.table = table
-        current = {"rows": rows, "query_start_loc": qsl, "seq_lens": lens, "slot_mapping": slots, "positions": pos}
-        parts, codes = [], 0
-        for i, name in enumerate(ARRAYS):
-            if name == "change_index":
-                a = np.diff(change, prepend=0)
-            elif name == "change_value":
-                a = values
-            else:
-                a = current[name] - _aligned(self.prev[name], current[name].shape[0])
-                self.prev[name] = current[name]
-            code, narrow = _narrow(a)
-            codes |= code << (2 * i)
-            parts.append(narrow.tobytes())
+        parts = [a - _aligned(p, a.shape[0]) for a, p in zip(current, self.prev)]
+        self.prev = current
+        parts += [change, table.reshape(-1)[change]]
+        code, values = _narrow(np.concatenate(parts))
         id_bytes = SEP.join(n.encode() for n in new_ids)
-        head = np.array([step, num, width, slots.shape[0], pos.shape[0], change.shape[0], len(id_bytes), codes, block_size], dtype=np.int64)
-        return head.tobytes() + id_bytes + b"".join(parts)
+        head = np.array([step, num, width, current[3].shape[0], current[4].shape[0], change.shape[0], len(id_bytes), code, block_size], dtype=np.int64)
+        return head.tobytes() + id_bytes + values.tobytes()
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_COLUMNS = np.arange(4096)[None, :]
 
 
 class Decoder:
@@ -137,7 +132,7 @@ class Decoder:
     def __init__(self, data: bytes) -> None:
         self.data, self.at = data, 0
         self.ids: list[str] = []
-        self.prev = {name: np.zeros(0, dtype=np.int64) for name in ("rows", "query_start_loc", "seq_lens", "slot_mapping", "positions")}
+        self.prev = [np.zeros(0, dtype=np.int64) for _ in VALUES]
         self.table = np.zeros((0, 0), dtype=np.int64)
 
     def _take(self, n: int) -> bytes:
@@ -153,43 +148,38 @@ class Decoder:
 
     def next(self) -> dict:
         head = np.frombuffer(self._take(8 * HEADER), dtype=np.int64)
-        step, num, width, nslots, npos, nchange, nid, codes, block_size = (int(x) for x in head)
-        if min(num, width, nslots, npos, nchange, nid) < 0:
-            raise ValueError(f"step {step}: a negative size in its record")
+        step, num, width, nslots, npos, nchange, nid, code, block_size = (int(x) for x in head)
+        if min(num, width, nslots, npos, nchange, nid) < 0 or not 0 <= code < len(DTYPES):
+            raise ValueError(f"step {step}: a negative size or an unknown integer type in its record")
         if nid:
             self.ids += [b.decode() for b in self._take(nid).split(SEP)]
-        sizes = {"rows": num, "query_start_loc": num + 1 if num else 0, "seq_lens": num, "slot_mapping": nslots, "positions": npos,
-                 "change_index": nchange, "change_value": nchange}
-        got = {}
-        for i, name in enumerate(ARRAYS):
-            dt = np.dtype(DTYPES[(codes >> (2 * i)) & 3])
-            got[name] = np.frombuffer(self._take(sizes[name] * dt.itemsize), dtype=dt).astype(np.int64)
-        out = {}
-        for name in self.prev:
-            value = got[name] + _aligned(self.prev[name], got[name].shape[0])
-            self.prev[name] = out[name] = value
+        sizes = [num, num + 1 if num else 0, num, nslots, npos, nchange, nchange]
+        dt = np.dtype(DTYPES[code])
+        flat = np.frombuffer(self._take(sum(sizes) * dt.itemsize), dtype=dt).astype(np.int64)
+        got = np.split(flat, np.cumsum(sizes)[:-1])
+        out = [d + _aligned(p, d.shape[0]) for d, p in zip(got[:5], self.prev)]
+        self.prev = out
+        rows, qsl, lens, slots, pos = out
         base = _carried(self.table, num, width)
-        flat = base.reshape(-1)
-        index = np.cumsum(got["change_index"])
-        if index.size and (index[0] < 0 or index[-1] >= flat.size):
+        cells = base.reshape(-1)
+        index = got[5]
+        if index.size and (index.min() < 0 or index.max() >= cells.size):
             raise ValueError(f"step {step}: a table change outside its {num} x {width} table")
-        flat[index] = got["change_value"]
+        cells[index] = got[6]
         self.table = base
-        rows = out["rows"]
         if rows.size and (rows.min() < 0 or rows.max() >= len(self.ids)):
             raise ValueError(f"step {step}: a request index outside the segment's {len(self.ids)} ids")
-        lens = out["seq_lens"]
         counts = np.clip((lens + block_size - 1) // block_size, 0, None)
         used = np.arange(width)[None, :] < counts[:, None]
         return {
             "step": step,
             "requests": [self.ids[k] for k in rows.tolist()],
-            "query_start_loc": out["query_start_loc"] if num else np.zeros(1, dtype=np.int64),
+            "query_start_loc": qsl if num else np.zeros(1, dtype=np.int64),
             "seq_lens": lens,
             "block_table": np.where(used, base, 0),  # 0 past each row's count: vLLM's padding
             "block_counts": counts,
-            "slot_mapping": out["slot_mapping"],
-            "positions": out["positions"],
+            "slot_mapping": slots,
+            "positions": pos,
             "block_size": block_size,
         }
 

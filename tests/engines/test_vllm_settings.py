@@ -99,6 +99,16 @@ def test_settings_read_back_every_value(tmp_path):
     assert s.words() == f"guard raise, capture to {tmp_path / 'b'} (steps 0-2,9, layers 0,1, requests cmpl-a,cmpl-b, ring 0.5 MiB)"
 
 
+def test_pages_flagged_keeps_the_metadata_ring_at_its_smallest_bound(tmp_path):
+    s = Settings.from_env({"PAGETRACE_CAPTURE": str(tmp_path / "b"), "PAGETRACE_PAGES": "flagged", "PAGETRACE_RING_MIB": "0.0625",
+                           "PAGETRACE_GUARD": "report"})
+    assert (s.pages, s.ring_mib) == ("flagged", 0.0625)
+    assert s.words() == f"guard report, capture to {tmp_path / 'b'} (pages of the flagged steps, layers all, metadata ring 0.0625 MiB)"
+    assert s.problem_with(config()) is None  # 0.0625 MiB is far below a page-carrying step of this model: no pages to hold
+    assert Settings.from_env({"PAGETRACE_CAPTURE": str(tmp_path / "b")}).pages == "all"
+    assert Settings.from_env({"PAGETRACE_CAPTURE": str(tmp_path / "b"), "PAGETRACE_RING_MIB": "0.0625"}).problem_with(config(block_size=4096)) is not None
+
+
 def test_settings_defaults(tmp_path):
     s = Settings.from_env({"PAGETRACE_GUARD": "report"})
     assert (s.capture, s.guard, s.steps, s.layers, s.requests, s.ring_mib, s.plants, s.steps_text) == (None, "report", None, None, None, 256.0, {}, None)
@@ -126,6 +136,15 @@ def test_settings_defaults(tmp_path):
     ({"PAGETRACE_GUARD": "raise", "PAGETRACE_RING_MIB": "8"}, "invalid value for PAGETRACE_RING_MIB: '8': chooses what a capture keeps; set PAGETRACE_CAPTURE=PATH too"),
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_GUARD_PLANT": "3:slot:0:1"},
      "invalid value for PAGETRACE_GUARD_PLANT: '3:slot:0:1': plants bugs for the guard to find; set PAGETRACE_GUARD too"),
+    ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_PAGES": "some"},
+     "invalid value for PAGETRACE_PAGES: 'some': choose all (every kept step with its cache pages) or flagged (pages only for the steps the guard "
+     "flags and on SIGUSR1; every step's metadata in the ring)"),
+    ({"PAGETRACE_GUARD": "report", "PAGETRACE_PAGES": "flagged"},
+     "invalid value for PAGETRACE_PAGES: 'flagged': chooses what a capture keeps; set PAGETRACE_CAPTURE=PATH too"),
+    ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_PAGES": "flagged", "PAGETRACE_STEPS": "0-9"},
+     "invalid value for PAGETRACE_STEPS: '0-9': chooses which steps keep their pages; with PAGETRACE_PAGES=flagged only the guard and SIGUSR1 choose"),
+    ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_PAGES": "flagged", "PAGETRACE_RING_MIB": "0.0624"},
+     "invalid value for PAGETRACE_RING_MIB: '0.0624': the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds about 4,000 steps of 256 requests"),
     ({"PAGETRACE_CAPTURE": "{tmp}/taken"}, "invalid value for PAGETRACE_CAPTURE: '{tmp}/taken': already exists; choose a new bundle folder"),
     ({"PAGETRACE_CAPTURE": "{tmp}/link"}, "invalid value for PAGETRACE_CAPTURE: '{tmp}/link': already exists; choose a new bundle folder"),
     ({"PAGETRACE_CAPTURE": "{tmp}/tp"},
