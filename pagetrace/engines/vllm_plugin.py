@@ -170,7 +170,7 @@ class Settings:
             raise UsageError("PAGETRACE_PAGES", pages, "choose all (every kept step with its cache pages) or flagged (pages only for the steps "
                                                        "the guard flags and on SIGUSR1; every step's metadata in the ring)")
         if pages == "flagged" and ring_mib < 1 / 16:
-            raise UsageError("PAGETRACE_RING_MIB", ring, "the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds about 4,000 steps of 256 requests")
+            raise UsageError("PAGETRACE_RING_MIB", ring, "the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds thousands of decode steps of 256 requests (bench/README.md)")
         if pages == "flagged":
             for name in ("PAGETRACE_STEPS", "PAGETRACE_REQUESTS"):
                 if env.get(name):

@@ -144,7 +144,7 @@ def test_settings_defaults(tmp_path):
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_PAGES": "flagged", "PAGETRACE_STEPS": "0-9"},
      "invalid value for PAGETRACE_STEPS: '0-9': chooses which steps keep their pages; with PAGETRACE_PAGES=flagged only the guard and SIGUSR1 choose"),
     ({"PAGETRACE_CAPTURE": "{tmp}/b", "PAGETRACE_PAGES": "flagged", "PAGETRACE_RING_MIB": "0.0624"},
-     "invalid value for PAGETRACE_RING_MIB: '0.0624': the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds about 4,000 steps of 256 requests"),
+     "invalid value for PAGETRACE_RING_MIB: '0.0624': the metadata ring needs at least 0.0625 MiB (64 KiB); 1 MiB holds thousands of decode steps of 256 requests (bench/README.md)"),
     ({"PAGETRACE_CAPTURE": "{tmp}/taken"}, "invalid value for PAGETRACE_CAPTURE: '{tmp}/taken': already exists; choose a new bundle folder"),
     ({"PAGETRACE_CAPTURE": "{tmp}/link"}, "invalid value for PAGETRACE_CAPTURE: '{tmp}/link': already exists; choose a new bundle folder"),
     ({"PAGETRACE_CAPTURE": "{tmp}/tp"},
