@@ -2,6 +2,7 @@
 
     python bench/bench_guard.py --step              # per-step µs, batch 1..256 x context 512..32k
     python bench/bench_guard.py --serve             # throughput of a bounded load, guard off then on
+    python bench/bench_guard.py --serve --ring      # ... with the metadata ring on too (PAGETRACE_PAGES=flagged), off then on
     python bench/bench_guard.py --step --quick      # a smaller grid
     python bench/bench_guard.py --pools             # per step at pools of 10k, 100k, 1M blocks: sorted vs the old bins
 
@@ -164,9 +165,10 @@ def worker_pid(server: int) -> int:
     raise SystemExit("no vLLM worker process (VLLM::Worker) under the server")
 
 
-def bench_serve(n: int, concurrency: int, prompt: int, new: int, pairs: int) -> dict:
-    """One server with PAGETRACE_GUARD=report; loads of n completions, the guard on and off in
-    turn (SIGUSR2 to the worker toggles it), so both see the same server and the same machine."""
+def bench_serve(n: int, concurrency: int, prompt: int, new: int, pairs: int, ring: bool = False) -> dict:
+    """One server with PAGETRACE_GUARD=report (ring: and the metadata ring, PAGETRACE_PAGES=flagged);
+    loads of n completions, the guard (and ring) on and off in turn (SIGUSR2 to the worker toggles
+    both), so both see the same server and the same machine."""
     sys.path.insert(0, str(ROOT / "examples"))
     from vllm_capture import make_tiny_llama
 
@@ -180,7 +182,10 @@ def bench_serve(n: int, concurrency: int, prompt: int, new: int, pairs: int) -> 
             "--port", str(port), "--block-size", "32", "--max-model-len", "512", "--enforce-eager", "--skip-tokenizer-init",
             "--enable-prefix-caching", "--num-gpu-blocks-override", "512", "--gpu-memory-utilization", "0.1"]
     with open(log, "w") as out:
-        proc = subprocess.Popen(args, env=dict(clean, PAGETRACE_GUARD="report"), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        env = dict(clean, PAGETRACE_GUARD="report")
+        if ring:
+            env.update(PAGETRACE_CAPTURE=str(tmp / "ring.bundle"), PAGETRACE_PAGES="flagged")
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -192,7 +197,7 @@ def bench_serve(n: int, concurrency: int, prompt: int, new: int, pairs: int) -> 
                         break
             except OSError:
                 time.sleep(0.5)
-        if "pagetrace: guard report" not in log.read_text():
+        if "pagetrace: guard report" not in log.read_text() or (ring and "metadata ring" not in log.read_text()):
             raise SystemExit("the guard did not start: is pagetrace installed as a package (pip install -e .)?")
         worker = worker_pid(proc.pid)
 
@@ -257,6 +262,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a smaller grid / load")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=8, help="off/on pairs of loads against the one server")
+    parser.add_argument("--ring", action="store_true", help="--serve with the metadata ring on too (PAGETRACE_PAGES=flagged), toggled with the guard")
     args = parser.parse_args()
     if not (args.step or args.serve or args.pools):
         args.step = True
@@ -268,7 +274,7 @@ def main() -> int:
         contexts = [512, 8192] if args.quick else [512, 2048, 8192, 32768]
         bench_step(sizes, contexts, args.repeat)
     if args.serve:
-        bench_serve(8 if args.quick else 32, 8, 96, 16 if args.quick else 64, 2 if args.quick else args.pairs)
+        bench_serve(8 if args.quick else 32, 8, 96, 16 if args.quick else 64, 2 if args.quick else args.pairs, ring=args.ring)
     return 0
 
 

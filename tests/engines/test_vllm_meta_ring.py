@@ -102,7 +102,7 @@ def test_the_ring_holds_every_step_before_the_fault_and_check_reads_them(model, 
         for r, rid in enumerate(st.requests):
             seen.setdefault(rid, []).append((n, st.seq_lens[r], st.query_len(r)))
     finished = [rid for rid, rows in seen.items() if rows[-1][1] == PROMPT + MAX_TOKENS - 1]
-    assert len(finished) >= 10 * ROUND_REQUESTS, len(finished)
+    assert len(finished) >= 8 * ROUND_REQUESTS, len(finished)  # the rounds before PLANT (about 1,000 steps each, and a few)
     for rid in finished:
         rows = seen[rid]
         assert rows[0][1] == rows[0][2] and sum(q for _, _, q in rows) == PROMPT + MAX_TOKENS - 1, (rid, rows[:3])
