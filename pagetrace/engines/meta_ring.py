@@ -283,7 +283,8 @@ class MetaRing:
             return "metadata ring empty"
         first = ix["first"] if ix["first"] is not None else self.open_first
         steps = ix["steps"] + self.open_steps
-        return f"metadata ring: steps {first}..{self.open_last if self.open_steps else ix['last']} ({steps} steps) in {self.bytes / (1 << 20):.2f} MiB of {self.bound / (1 << 20):g}"
+        held = f"{self.bytes / (1 << 20):.2f} MiB" if self.bytes >= 1 << 20 else f"{self.bytes / 1024:.1f} KiB"
+        return f"metadata ring: steps {first}..{self.open_last if self.open_steps else ix['last']} ({steps} steps) in {held} of {self.bound / (1 << 20):g} MiB"
 
 
 def read_segment(data: bytes) -> list[dict]:

@@ -461,7 +461,8 @@ class Session:
             return
         live.set("closed", reason)
         steps = [s["step"] for s in live.manifest["steps"]]
-        self.logger.info("pagetrace: %s: %s holds %d steps (%d..%d); capture goes on in %s", reason, live.path, len(steps), steps[0], steps[-1], self.path())
+        held = f"{len(steps)} step{'' if len(steps) == 1 else 's'} with pages ({steps[0]}..{steps[-1]})" if steps else "no step with pages"
+        self.logger.info("pagetrace: %s: %s holds %s; capture goes on in %s", reason, live.path, held, self.path())
         self.open()
 
     def on_fire(self, found, step: int) -> None:
