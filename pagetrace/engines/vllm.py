@@ -473,7 +473,8 @@ class Tap:
                 found, checked = self.check(m, positions, step)
                 self.guard_seconds += time.perf_counter() - started
                 self.guard_steps += 1
-            if found or self.recorder.ranges != []:  # [] keeps nothing (the guard alone)
+            # the guard alone (no capture: ring 0, steps []) keeps nothing, a flagged step neither: no pages are copied
+            if self.recorder.ring_bytes != 0 and (found or self.recorder.ranges != []):
                 n = int(m.num_actual_tokens)
                 self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])), force=bool(found))
             if self.to_fail:
@@ -587,13 +588,13 @@ class Tap:
                    num_tokens=int(m.num_actual_tokens)):
             return [], None
         checked = self.step_for_check(m, positions, step)
-        found = name(rec.as_manifest(), checked, int(m.num_actual_tokens))
+        found = name(rec.as_manifest(), checked, int(m.num_actual_tokens)) or [_unnamed(step)]  # logged too
         for v in found[:8]:
             self.log(line(v))
         if len(found) > 8:
             self.log(f"pagetrace guard: step {step}: and {len(found) - 8} more")
         self.fired.extend(found)
-        return found or [_unnamed(step)], checked
+        return found, checked
 
     def step_for_check(self, m, positions, step: int):
         from .guard import as_step

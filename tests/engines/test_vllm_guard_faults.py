@@ -220,7 +220,9 @@ def test_raise_stops_the_step_before_the_kernel_reads_any_distance(model, tmp_pa
         proc.wait(timeout=60)  # the engine died; vLLM's API server exits
     assert any(code != 200 for code, _ in results.values()), results
     text = log.read_text()
-    assert "Segfault" not in text and "Segmentation fault" not in text and "SIGSEGV" not in text, text[-3000:]
+    # a kernel that read a bad entry: "Segfault encountered", and vLLM's "Worker proc VllmWorker-0 died unexpectedly
+    # (exit code: -11)" (v1/executor/multiproc_executor.py); seen when the stop is planted away
+    assert "Segfault" not in text and "died unexpectedly" not in text, text[-3000:]
     assert f"pagetrace guard stopped step {RAISE_STEP} before the kernel read it" in text and "EngineCore encountered a fatal error" in text
     m = manifest(bundle)
     entry = m["steps"][-1]
