@@ -2,7 +2,7 @@
 planted collision in report mode, and `raise` against planted entries at every distance.
 
 Three servers, each started by test_vllm_serve's `server` (the tiny random Llama, block size
-32, a pool of 24 blocks (`--num-gpu-blocks-override`, 23 usable: block 0 is the null block),
+32, a pool of 24 blocks (`--num-gpu-blocks-override`, 23 usable: block 0 is the null block; the hard run 17),
 prefix caching, 127.0.0.1 on a free port, stopped by its PID in a `finally`; every wait with a
 timeout). Request ids are the X-Request-Id header, so the bundle's `client_requests` name each
 request as the test sent it (`cmpl-<id>-0`).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -33,6 +34,7 @@ CHUNK = 64  # --max-num-batched-tokens: a prompt longer than this is prefilled i
 A = list(range(1, 97))  # three full blocks, longer than CHUNK
 SHARED = list(range(200, 264))  # the phase-2 prompts' common prefix: two full blocks
 B = list(range(400, 480))  # the n=3 request's prompt
+HARD_POOL = 17  # the hard run's pool: 16 usable blocks hold one max-model-len (512) request, as vLLM demands; phase 2 needs about 34
 
 
 def send(port: int, rid: str, prompt: list[int], max_tokens: int, timeout: float = 120, **body) -> tuple[int, dict | str]:
@@ -85,12 +87,12 @@ def hard_run(model, tmp_path_factory):
     """Report mode with capture, on a server that preempts, prefills in chunks, evicts cached
     prefixes, samples n=3 and salts. Phase 1, one request at a time, reading vLLM's prefix
     cache counter between them: A, A again, A salted, A salted again. Phase 2, at once: six
-    prompts on a shared prefix, 120 tokens each, and an n=3 request: far more than 23 blocks.
-    Phase 3: A once more. (bundle, log, results, counter deltas, preemptions)"""
+    prompts on a shared prefix, 120 tokens each, and an n=3 request: far more than the pool.
+    Phase 3: A once more. The pool: 17 blocks. (bundle, log, results, counter deltas, preemptions)"""
     tmp = tmp_path_factory.mktemp("hard")
     bundle, log = tmp / "capture.bundle", tmp / "server.log"
     env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "report", "PAGETRACE_RING_MIB": "512"}
-    extra = ("--max-num-batched-tokens", str(CHUNK), "--max-num-seqs", "16")
+    extra = ("--max-num-batched-tokens", str(CHUNK), "--max-num-seqs", "16", "--num-gpu-blocks-override", str(HARD_POOL))  # the last override wins
     results, hits = {}, {}
     with server(model, log, env, extra=extra) as (proc, port):
         def one(rid, prompt, **body):
@@ -108,6 +110,7 @@ def hard_run(model, tmp_path_factory):
         one("a2", A)
         preempted = metric(port, "vllm:num_preemptions_total")
         alive = get(port, "/health")[0]
+    print(f"hard run: prefix cache hits {hits}, {preempted:g} preemptions", file=sys.stderr)
     return bundle, log, results, hits, preempted, alive
 
 
@@ -125,7 +128,7 @@ def test_the_hard_run_really_preempted_chunked_evicted_salted_and_sampled_three(
     """Each condition, proven from the engine's own counters or the bundle's tensors."""
     bundle, log, results, hits, preempted, alive = hard_run
     # preemption: vLLM's own counter (vllm:num_preemptions, v1/metrics/loggers.py)
-    assert preempted >= 1, "the pool of 23 usable blocks should have run out"
+    assert preempted >= 1, f"the pool of {HARD_POOL - 1} usable blocks should have run out"
     # prefix caching, from vLLM's vllm:prefix_cache_hits counter (tokens), one request at a time: the
     # first A hits nothing; the second hits A's first two blocks (a hit stops at prompt_len - 1 tokens,
     # floored to whole blocks: v1/core/kv_cache_manager.py get_computed_blocks); a salt starts its own
@@ -137,6 +140,10 @@ def test_the_hard_run_really_preempted_chunked_evicted_salted_and_sampled_three(
     for s, t in steps:
         for r, (c, (q, n)) in enumerate(zip(s["client_requests"], rows(t))):
             seen.setdefault(c, []).append((s["step"], q, n, t["block_table"][r].tolist()))
+    # preemption, in the bundle too: a request that decoded, then came back with new tokens to compute
+    # (vLLM frees a preempted request's blocks and recomputes it: v1/core/sched/scheduler.py _preempt_request)
+    resumed = [c for c, v in seen.items() if any(q > 1 and any(q0 == 1 for _, q0, _, _ in v[:k]) for k, (_, q, _, _) in enumerate(v))]
+    assert resumed, "no request prefilled again after decoding"
     # chunked prefill: A (96 tokens) came in a chunk of CHUNK tokens, then the rest
     a0 = seen["cmpl-a0-0"]
     assert [(q, n) for _, q, n, _ in a0[:2]] == [(CHUNK, CHUNK), (len(A) - CHUNK, len(A))], a0[:2]
