@@ -175,6 +175,17 @@ def client_id(engine_id: str) -> str:
     return head if head and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail) else engine_id
 
 
+def row_names(engine_ids: list[str]) -> list[str]:
+    """The names the guard gives a step's requests, one row each: the client's id, or the
+    engine's own where two requests of the step share it (a client may send one X-Request-Id
+    twice; vLLM keeps them apart by its suffix), so a violation never names the wrong row."""
+    from collections import Counter
+
+    clients = [client_id(i) for i in engine_ids]
+    twice = {c for c, n in Counter(clients).items() if n > 1}
+    return [e if c in twice else c for c, e in zip(clients, engine_ids)]
+
+
 def _size(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -602,7 +613,7 @@ class Tap:
         n = int(m.num_actual_tokens)
         t = step_tensors(m, self.recorder.block_size, None if positions is None else positions[:n])
         num_reqs = len(t["seq_lens"])
-        return as_step(step, [client_id(i) for i in self.engine_ids(num_reqs)], t)
+        return as_step(step, row_names(self.engine_ids(num_reqs)), t)
 
     def fire(self, found, step: int) -> None:
         if self.on_fire is not None:

@@ -34,6 +34,7 @@ CHUNK = 64  # --max-num-batched-tokens: a prompt longer than this is prefilled i
 A = list(range(1, 97))  # three full blocks, longer than CHUNK
 SHARED = list(range(200, 264))  # the phase-2 prompts' common prefix: two full blocks
 B = list(range(400, 480))  # the n=3 request's prompt
+FAR = 5_000_000  # a table entry far outside any pool
 HARD_POOL = 17  # the hard run's pool: 16 usable blocks hold one max-model-len (512) request, as vLLM demands; phase 2 needs about 34
 
 
@@ -57,10 +58,11 @@ def metric(port: int, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{") or line.startswith(name + " "))
 
 
-def at_once(port: int, jobs: dict[str, tuple]) -> dict[str, tuple[int, dict | str]]:
-    """send(port, rid, *args, **kwargs) for every rid at once; each thread has its own timeout."""
+def at_once(port: int, jobs: dict[str, tuple], rid: str | None = None) -> dict[str, tuple[int, dict | str]]:
+    """send(port, key, *args, **kwargs) for every key at once (the X-Request-Id: the key, or `rid`
+    for all); each thread has its own timeout."""
     out: dict = {}
-    threads = [threading.Thread(target=lambda rid=rid, a=a: out.__setitem__(rid, send(port, rid, *a[0], **a[1]))) for rid, a in jobs.items()]
+    threads = [threading.Thread(target=lambda k=k, a=a: out.__setitem__(k, send(port, rid or k, *a[0], **a[1]))) for k, a in jobs.items()]
     for t in threads:
         t.start()
     for t in threads:
@@ -172,42 +174,59 @@ def test_check_passes_on_the_hard_runs_bundle(hard_run, capsys):
     assert len(doc["steps"]) == len(manifest(bundle)["steps"])
 
 
-# -- 2. a collision, live, in report mode -------------------------------------------------------
+# -- 2. a collision, live, in report mode, and a bad row whose client id another request shares --
 
-def test_a_planted_collision_is_made_safe_named_by_check_and_refused_by_replay(model, tmp_path, capsys):
-    """Step 0 is the first prefill (nothing is cached yet): slot_mapping[5] -= 1 makes request 0's
-    token 5 write its token 4's slot (one block holds both: 5 < 32). Report mode: the guard names
-    the collision, the request's slots are padded (it writes nothing this step), the server
-    serves every request; the step's bundle is closed, `check` names the collision, `replay`
-    of the step exits 1."""
+TWIN_STEP = 20
+
+
+def test_a_planted_collision_and_a_bad_twin_row_are_made_safe_named_and_refused(model, tmp_path, capsys):
+    """Six requests at once, all with one X-Request-Id (`twin`: a client may reuse one; vLLM keeps
+    them apart by a random suffix). Step 0 is the first prefill (nothing is cached yet):
+    slot_mapping[5] -= 1 makes request 0's token 5 write its token 4's slot (one block holds both:
+    5 < 32). Step 20 (six requests decoding): row 3's first entry on block 5,000,000. Report
+    mode: the guard names each (by vLLM's own id where the client's is ambiguous) and makes that
+    row safe, not its twin's (before the fix, the name led to row 0 and the kernel read block
+    5,000,000: "Segfault encountered"); the server serves every request; each step's bundle is
+    closed, `check` names the collision and the entry, `replay` of step 0 exits 1."""
     bundle, log = tmp_path / "capture.bundle", tmp_path / "server.log"
-    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "report", "PAGETRACE_GUARD_PLANT": "0:slot:5:-1", "PAGETRACE_RING_MIB": "16"}
+    env = {"PAGETRACE_CAPTURE": str(bundle), "PAGETRACE_GUARD": "report", "PAGETRACE_RING_MIB": "16",
+           "PAGETRACE_GUARD_PLANT": f"0:slot:5:-1,{TWIN_STEP}:table:3:0:{FAR}"}
     with server(model, log, env) as (proc, port):
-        results = load(port)
+        results = at_once(port, {f"twin{i}": ((list(range(1, 65)) + [100 + i] * (3 + i), 150), {}) for i in range(6)}, rid="twin")
         assert all(code == 200 for code, _ in results.values()), (results, log.read_text()[-3000:])
         assert get(port, "/health")[0] == 200 and complete(port, 0)[0] == 200
     text = log.read_text()
-    assert "Segfault" not in text and "EngineCore encountered a fatal error" not in text
+    assert "Segfault" not in text and "died unexpectedly" not in text and "EngineCore encountered a fatal error" not in text, text[-3000:]
     lines = guard_lines(log)
-    assert any(x.startswith("pagetrace guard: step 0 · collision · request cmpl-load") and " · token 5 · " in x for x in lines), lines
-    assert {int(x.split()[3]) for x in lines} == {0}, lines  # nothing else flagged
+    assert {int(x.split()[3]) for x in lines} == {0, TWIN_STEP}, lines  # nothing else flagged
     m = manifest(bundle)
     assert m["closed"] == "guard, step 0" and [s["step"] for s in m["steps"]] == [0]
     entry = m["steps"][0]
     t = index(bundle, entry["file"])
     assert int(t["slot_mapping"][5]) == int(t["slot_mapping"][4]) >= 0  # the evidence: the slots as the kernel would have had them
-    assert entry["guard"]["made_safe"]["requests"] == [entry["client_requests"][0]]
+    clients = entry["client_requests"]  # (step 0 may hold only the first request to arrive: then its client id is no one else's)
+    first = entry["requests"][0] if clients.count(clients[0]) > 1 else clients[0]
+    assert any(x.startswith(f"pagetrace guard: step 0 · collision · request {first} · token 5 · ") for x in lines), lines
+    assert entry["guard"]["made_safe"]["requests"] == [first] and entry["guard"]["affected"] == [entry["requests"][0]]
     code, out, err = cli(capsys, "check", str(bundle), "--json")
     found = json.loads(out)["steps"][0]["violations"]
     collision = [v for v in found if v["check"] == "collision"]
     assert code == 1 and [(v["token"], v["slot"]) for v in collision] == [(5, int(t["slot_mapping"][4]))], found
     code, out, err = cli(capsys, "replay", str(bundle), "--step", "0", "--backend", "torch")
     assert code == 1 and "step 0 (the guard flagged it): " in err and "collision" in err, err
+    second = manifest(tmp_path / "capture.bundle.2")
+    twin = second["steps"][-1]
+    assert second["closed"] == f"guard, step {TWIN_STEP}" and twin["step"] == TWIN_STEP and len(set(twin["client_requests"])) == 1
+    bad = twin["requests"][3]
+    assert twin["guard"]["made_safe"]["requests"] == [bad] and twin["guard"]["made_safe"]["table_entries"] == [{"row": 3, "column": 0, "was": FAR}]
+    assert any(x.startswith(f"pagetrace guard: step {TWIN_STEP} · pool · request {bad} · ") and f"physical block {FAR}" in x for x in lines), lines
+    code, out, err = cli(capsys, "check", str(tmp_path / "capture.bundle.2"), "--step", str(TWIN_STEP), "--json")
+    found = json.loads(out)["steps"][0]["violations"]
+    assert code == 1 and ("pool", bad, FAR) in {(v["check"], v["request"], v["physical_block"]) for v in found}, found
 
 
 # -- 3. raise against entries at every distance -------------------------------------------------
 
-FAR = 5_000_000
 RAISE_STEP = 20
 # one step, five rows, one plant each: far outside the pool, one past it, negative, the null block, a slot a million past
 RAISE_PLANTS = [f"table:0:0:{FAR}", f"table:1:0:{NUM_BLOCKS}", "table:2:0:-1", "table:3:0:0", "slot:4:1000000"]
