@@ -1,5 +1,6 @@
 """The guard at the fault, on a real `vllm serve`: no false positive on a hard clean run, a
-planted collision in report mode, and `raise` against planted entries at every distance.
+planted collision and a bad row whose client id another request shares in report mode, and
+`raise` against planted entries at every distance.
 
 Three servers, each started by test_vllm_serve's `server` (the tiny random Llama, block size
 32, a pool of 24 blocks (`--num-gpu-blocks-override`, 23 usable: block 0 is the null block; the hard run 17),
@@ -104,7 +105,7 @@ def hard_run(model, tmp_path_factory):
 
         one("a0", A)
         one("a1", A)
-        one("s0", A, cache_salt="tenant-1")
+        one("s0", A, cache_salt="tenant-1")  # the completions API's `cache_salt` (entrypoints/openai/completion/protocol.py)
         one("s1", A, cache_salt="tenant-1")
         jobs = {f"p{i}": ((SHARED + [300 + i] * (4 + i), 120), {}) for i in range(6)}
         jobs["n3"] = ((B, 40), {"n": 3, "temperature": 1.0})
