@@ -436,6 +436,7 @@ class Tap:
         self.affected: list[tuple[int, list[str]]] = []  # (step, engine request ids whose output was not trusted)
         self.to_fail: set[str] = set()  # abort: engine ids still to be failed through the scheduler
         self.failing: set[int] = set()  # abort: this step's blocks to report (`abort_blocks`)
+        self.failed = 0  # abort: requests failed through the scheduler so far
 
     def metadata(self):
         from vllm.forward_context import get_forward_context
@@ -544,6 +545,7 @@ class Tap:
                 if (r, c) not in bad and 0 < b < pool and b not in others and row.count(b) == 1:
                     self.failing.add(b)
                     self.to_fail.discard(eid)
+                    self.failed += 1
                     self.log(f"pagetrace guard: step {self.step}: request {eid} fails: its block {b} is reported to vLLM's scheduler as failed")
                     break
 
