@@ -155,6 +155,16 @@ class CounterSink:
         for check in CHECKS:
             self.violations.labels(self.rank, check)  # every series at 0 from the start
 
+    def reaches(self, env=os.environ) -> bool:
+        """Whether the Counters write to the folder: prometheus_client picks its mode when it is
+        first imported, so a process forked from one that imported it before the variable was set
+        keeps its counts in memory (vLLM with more than one API server sets it in the parent after
+        that import: entrypoints/cli/serve.py). The Counters made above then left no file of this process."""
+        try:
+            return any(name.endswith(f"_{os.getpid()}.db") for name in os.listdir(env[MULTIPROC_ENV]))
+        except OSError:
+            return False
+
     def write(self, counts: dict) -> None:
         for key, counter in self.counters.items():
             grew = counts[key] - self.last[key]
@@ -243,4 +253,9 @@ class Exporter:
 def start(tap, rank: int, log=None) -> Exporter | None:
     """The worker's exporter, started; None where no process serves /metrics for it."""
     sink = sink_for(rank)
+    if isinstance(sink, CounterSink) and not sink.reaches():
+        if log is not None:
+            log(f"pagetrace guard: the guard's counts cannot reach /metrics: prometheus_client was loaded in this process before {MULTIPROC_ENV} "
+                f"was set (vLLM sets it late for more than one API server); set {MULTIPROC_ENV} to an empty folder before starting vLLM")
+        return None
     return None if sink is None else Exporter(tap, rank, sink, log=log).start()

@@ -185,7 +185,9 @@ from types import SimpleNamespace
 from pagetrace.engines import guard_metrics
 from pagetrace.engines.check import Violation
 tap = SimpleNamespace(guard_steps=0, guard_seconds=0.0, affected=[], failed=0)
-exporter = guard_metrics.Exporter(tap, int(sys.argv[1]), guard_metrics.sink_for(int(sys.argv[1])), interval=3600)
+sink = guard_metrics.sink_for(int(sys.argv[1]))
+assert sink.reaches()
+exporter = guard_metrics.Exporter(tap, int(sys.argv[1]), sink, interval=3600)
 exporter.flush()
 tap.guard_steps, tap.guard_seconds = 40, 0.002
 exporter.flagged([Violation("pool", 20, "x"), Violation("pool", 20, "y")])
@@ -219,3 +221,32 @@ def test_multiprocess_mode_the_workers_counters_sum_to_their_counts(tmp_path):
         assert s[key("pagetrace_guard_requests_failed_total", rank=r)] == 1
         kinds = {dict(labels)["check"]: v for (name, labels), v in s.items() if name == "pagetrace_guard_violations_total" and dict(labels)["rank"] == r}
         assert kinds == dict(dict.fromkeys(guard_metrics.CHECKS, 0.0), pool=2.0, collision=1.0)
+
+
+LATE = """
+import multiprocessing, os, sys
+import prometheus_client  # loaded first, as vLLM's parent does, then the variable set
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = sys.argv[1]
+
+def worker():
+    from types import SimpleNamespace
+    from pagetrace.engines import guard_metrics
+    told = []
+    tap = SimpleNamespace(guard_steps=0, guard_seconds=0.0, affected=[], failed=0)
+    print(guard_metrics.start(tap, 0, log=told.append), told)
+
+if __name__ == "__main__":
+    p = multiprocessing.get_context("fork").Process(target=worker)
+    p.start()
+    p.join()
+"""
+
+
+def test_a_worker_forked_before_the_variable_reached_prometheus_client_says_its_counts_cannot_reach_metrics(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PROMETHEUS_MULTIPROC_DIR", guard_metrics.DIR_ENV)}
+    script = tmp_path / "late.py"
+    script.write_text(LATE)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("None [\"pagetrace guard: the guard's counts cannot reach /metrics: prometheus_client was loaded in this process before "), done.stdout
+    assert not list(tmp_path.glob("*.db"))
