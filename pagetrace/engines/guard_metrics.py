@@ -5,7 +5,8 @@ mounts `/metrics` on `get_prometheus_registry()` (entrypoints/serve/instrumentat
 `attach_router`; v1/metrics/prometheus.py). That is prometheus_client's default `REGISTRY`,
 unless PROMETHEUS_MULTIPROC_DIR is set, which vLLM does itself for more than one API server
 (entrypoints/cli/serve.py `run_multi_api_server`, `setup_multiprocess_prometheus`, in the
-parent before it starts the engine) and a user may do by hand; then it serves a fresh registry
+parent before it starts the engine, but after prometheus_client is loaded there: see
+`CounterSink.reaches`) and a user may do by hand; then it serves a fresh registry
 whose one collector is prometheus_client's `MultiProcessCollector`, summing the metric files
 every process writes into that folder. The guard runs elsewhere: in the worker that holds
 the model runner (`vllm_plugin.Session`, `vllm.Tap`). So the counts cross processes by one of
