@@ -450,6 +450,7 @@ class Tap:
         self.ring = None  # the metadata ring (meta_ring.MetaRing): every step's index tensors and request ids
         self.ring_seconds, self.ring_steps = 0.0, 0
         self.force_next = False  # keep the next step with its pages (the plugin's SIGUSR1 with PAGETRACE_PAGES=flagged)
+        self.failed = 0  # abort: requests failed through the scheduler so far
 
     def metadata(self):
         from vllm.forward_context import get_forward_context
@@ -571,6 +572,7 @@ class Tap:
                 if (r, c) not in bad and 0 < b < pool and b not in others and row.count(b) == 1:
                     self.failing.add(b)
                     self.to_fail.discard(eid)
+                    self.failed += 1
                     self.log(f"pagetrace guard: step {self.step}: request {eid} fails: its block {b} is reported to vLLM's scheduler as failed")
                     break
 

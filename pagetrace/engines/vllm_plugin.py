@@ -353,6 +353,7 @@ class Session:
         self.pending: str | None = None  # a rotation asked for by a signal during a write
         self.forced = False  # the step SIGUSR1 asked pages for is written (PAGETRACE_PAGES=flagged)
         self.dropped_told = 0
+        self.metrics = None  # the guard's counts on vLLM's /metrics (guard_metrics.py)
 
     def start(self) -> None:
         """At the end of initialize_kv_cache: hooks on, layout proven, one line in the log."""
@@ -379,6 +380,10 @@ class Session:
                 signal.signal(signal.SIGUSR1, lambda signum, frame: self.rotate("signal SIGUSR1"))
         if (self.settings.guard is not None or self.tap.ring is not None) and main:
             signal.signal(signal.SIGUSR2, lambda signum, frame: self.toggle())
+        if self.settings.guard is not None:
+            from . import guard_metrics
+
+            self.metrics = guard_metrics.start(self.tap, self.rank, log=self.logger.warning)
 
     def toggle(self) -> None:
         """SIGUSR2: the guard and the metadata ring off, or on again (bench/bench_guard.py compares the two in one server)."""
@@ -466,6 +471,8 @@ class Session:
         self.open()
 
     def on_fire(self, found, step: int) -> None:
+        if self.metrics is not None:
+            self.metrics.flagged(found)  # counted on /metrics before the forward
         if self.settings.capture is None:
             self.logger.warning("pagetrace guard: step %d: no bundle written (set PAGETRACE_CAPTURE=PATH to keep the last steps)", step)
             return
@@ -543,6 +550,10 @@ def _install(settings: Settings) -> None:
     SETTINGS = settings
     patch_engine_args(settings)
     _add_patch(TARGET, patch_runner)
+    if settings.guard is not None:  # the API server (the first process): where the workers' counts reach /metrics
+        from .guard_metrics import serve
+
+        serve()
     if settings.guard == "abort":
         _add_patch("vllm.v1.core.sched.scheduler", patch_scheduler_to_fail)
     _hook_imports()
