@@ -31,80 +31,124 @@ from __future__ import annotations
 from .check import Violation
 
 
+_CONSTANTS: dict = {}  # per-shape constants kept across steps (aranges, sentinels): {key: tensor}
+
+
+def _constant(key, size: int, make):
+    """A tensor of at least `size` elements (size 0: made once) kept across steps, grown when a
+    step needs more (vLLM's shapes repeat: max_num_seqs rows, max_num_batched_tokens tokens)."""
+    have = _CONSTANTS.get(key)
+    if have is None or (size and have.shape[0] < size):
+        if len(_CONSTANTS) > 256:  # bounded: devices x dtypes x table widths x token counts
+            _CONSTANTS.clear()
+        have = _CONSTANTS[key] = make(max(size, 2 * (have.shape[0] if have is not None else 0)))
+    return have
+
+
+def _head(t, n: int):
+    """t[:n], without the op when t is already n long."""
+    return t if t.shape[0] == n else t[:n]
+
+
 def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size: int, num_blocks: int,
             null_block: int | None = 0, sharing: str = "full-blocks", positions=None, sliding_window: int | None = None,
             slot_padding: int = -1, num_tokens: int | None = None) -> bool:
     """True when every invariant holds. Tensors as the engine holds them (any int dtype, any
     device): query_start_loc [R + 1], seq_lens [R], block_table [R, M], slot_mapping [>= T]
     (padding after the T = query_start_loc[R] real tokens), positions [>= T] or None;
-    num_tokens: the engine's count of real tokens (vLLM's num_actual_tokens), T must equal it."""
+    num_tokens: the engine's count of real tokens (vLLM's num_actual_tokens), T must equal it.
+
+    Its ops are fixed in number (about 50), its shapes known on the host from num_tokens: the
+    real tokens are the first T rows (a query_start_loc that does not end at T is itself a
+    violation), so no mask over every row. Where one check failing implies another, the other
+    is not masked for it: e.g. a token whose block lies outside its table row is a capacity or
+    query violation, so the slot check reads the row clamped and needs no `inside` mask. The
+    verdict is the same boolean as before (tests/engines/test_guard_before.py)."""
     import torch
 
-    dev = block_table.device
     num_reqs = int(seq_lens.shape[0])
     if num_reqs == 0:
         return True
-    qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
-    lens = seq_lens[:num_reqs].to(torch.int64)
-    table = block_table[:num_reqs].to(torch.int64)
-    slots = slot_mapping.to(torch.int64)
-    width, rows = table.shape[1], slots.shape[0]
-    bs = block_size
-    qlen = qsl[1:] - qsl[:-1]
-    total = qsl[-1]
+    rows = int(slot_mapping.shape[0])
+    # T on the host: the engine's count (no sync), else the tensor's (one more sync on a GPU)
+    total = int(query_start_loc[num_reqs]) if num_tokens is None else int(num_tokens)
+    if not 0 <= total <= rows:
+        return False  # query_start_loc ends outside slot_mapping, or not at the engine's count and outside it
+    dev, bs = block_table.device, block_size
+    qsl = _head(query_start_loc, num_reqs + 1).long()
+    lens = seq_lens.long()
+    table = _head(block_table, num_reqs)
+    width = int(table.shape[1])
+    entries = num_reqs * width
+    # the table stays in the engine's int32 (compared, gathered, sorted as it is) unless the pool or
+    # the sort's sentinels would not fit its dtype
+    if table.dtype not in (torch.int32, torch.int64) or num_blocks + entries >= torch.iinfo(table.dtype).max:
+        table = table.long()
+    # [1, M]: the first token of each column, and one past its last
+    start, end = _constant(("cols", dev, width, bs), 0, lambda _: (torch.arange(width, device=dev).view(1, -1) * bs,
+                                                                    (torch.arange(width, device=dev).view(1, -1) + 1) * bs))
+    index = _head(_constant(("index", dev), total, lambda n: torch.arange(n, device=dev)), total)
     # each check adds a boolean tensor (True: broken); one `any` over them all at the end
-    fails = [qsl[:1] != 0, total.view(1) > rows, total.view(1) < 0, qlen < 0, qlen > lens]
-    if num_tokens is not None:
-        fails.append(total.view(1) != num_tokens)
-    index = torch.arange(rows, device=dev)
-    real = index < total
-    # per token: its request and position (a broken qsl was flagged above; clamped for safe indexing)
-    owner = (torch.searchsorted(qsl[1:].clamp(min=0), index, right=True)).clamp(max=num_reqs - 1)
-    pos = lens[owner] - qlen[owner] + (index - qsl[owner])
-    logical = torch.div(pos, bs, rounding_mode="floor")
-    inside = real & (logical >= 0) & (logical < width)
-    want = table[owner, logical.clamp(0, width - 1)] * bs + pos.remainder(bs)
-    token_bad = (~real & (slots != slot_padding)) | (inside & (slots != want))  # padding past the real tokens; the slot
+    ends = qsl[::num_reqs]  # query_start_loc[0] and [R]: 0 and T
+    fails = [ends != _constant(("ends", dev, total), 0, lambda _: torch.tensor([0, total], device=dev))]
+    starts, stops = qsl[:-1], qsl[1:]
+    qlen = stops - starts
+    first = lens - qlen  # the position of each request's first new token
+    # query: no request has fewer than 0 new tokens or more than its tokens; capacity: fits its row
+    fails.append((torch.minimum(first, qlen) < 0) | (lens > width * bs))
+    # per token: its request and position (a broken query_start_loc failed above; clamped for safe indexing)
+    owner = torch.searchsorted(stops, index, right=True).clamp_(max=num_reqs - 1)
+    pos = (first - starts)[owner] + index
+    logical = torch.div(pos, bs, rounding_mode="floor").clamp_(0, width - 1)
+    slots = _head(slot_mapping, total)
+    token_bad = slots != (table[owner, logical] - logical) * bs + pos  # table[.] x bs + pos % bs, pos in the row
     if positions is not None:
-        given = positions.to(torch.int64)[:rows]
-        token_bad[: given.shape[0]] |= real[: given.shape[0]] & (given != pos[: given.shape[0]])
+        given = _head(positions, total)
+        if given.shape[0] == total:
+            token_bad |= given != pos
+        else:
+            fails.append(given != pos[: given.shape[0]])
     fails.append(token_bad)
+    if total < rows:
+        fails.append(slot_mapping[total:] != slot_padding)  # padding past the real tokens is padding
     # collision: two real tokens on one slot (padding never collides)
-    low = torch.iinfo(torch.int64).min
-    ordered = torch.sort(torch.where(real & (slots != slot_padding), slots, low)).values
-    fails.append((ordered[1:] == ordered[:-1]) & (ordered[1:] != low))
+    ordered = torch.sort(slots).values
+    fails.append((ordered[1:] == ordered[:-1]) & (ordered[1:] != slot_padding))
     # the table entries the tokens need: in the pool, and (where visible) not the null block
-    need = torch.div(lens + bs - 1, bs, rounding_mode="floor")
-    fails.append(need > width)
-    j = torch.arange(width, device=dev).view(1, -1)
-    used = j < need.view(-1, 1)
-    in_pool = (table >= 0) & (table < num_blocks)
-    entry_bad = used & ~in_pool
-    if null_block is not None:
-        # with a window w the first new token, at p = seq_len - query_len, sees the most: keys p - w + 1..p
-        # (check.py Checker.visible; a request without new tokens by its last token's window)
-        first = lens - qlen.clamp(min=1)
-        visible = used if sliding_window is None else used & ((j + 1) * bs > (first - sliding_window + 1).view(-1, 1))
-        entry_bad |= visible & (table == null_block)
-    fails.append(entry_bad)
+    lens_col = lens.view(-1, 1)
+    used = start < lens_col
+    outside = table.clamp(0, num_blocks - 1) != table
+    if null_block is None:
+        fails.append(used & outside)
+        flat = used
+    else:
+        null = table == null_block
+        if sliding_window is None:
+            fails.append(used & (outside | null))
+        else:
+            # with a window w the first new token, at p = seq_len - query_len, sees the most: keys p - w + 1..p
+            # (check.py Checker.visible; a request without new tokens by its last token's window)
+            seen = lens - qlen.clamp(min=1) - sliding_window + 1
+            fails.append((used & outside) | (used & (end > seen.view(-1, 1)) & null))
+        flat = used & ~null  # (an entry outside the pool failed above)
     # sharing, by sorting the table's entries (O(E log E) in the E = R x M entries, whatever the
-    # pool's size): entries unused, null or outside the pool sort last on a sentinel; equal
-    # neighbours are one block in two entries, fine only when every one is the same logical block,
-    # full (prefix caching). Neighbours cover a group: equal logical blocks pairwise are equal
-    # throughout, and each member of a group of two or more is in a pair. Two entries of one
-    # request are two logical blocks, so they differ and are caught too.
-    flat = used & in_pool if null_block is None else used & in_pool & (table != null_block)
-    sentinel = torch.iinfo(torch.int64).max
-    ordered, order = torch.sort(torch.where(flat, table, sentinel).reshape(-1))
-    pair = (ordered[1:] == ordered[:-1]) & (ordered[1:] != sentinel)
+    # pool's size): entries unused or null sort last, each on a sentinel of its own (max - its
+    # index: never equal to another, nor to a block of the pool), so equal neighbours are one
+    # block in two entries, fine only when every one is the same logical block, full (prefix
+    # caching). Neighbours cover a group: equal logical blocks pairwise are equal throughout, and
+    # each member of a group of two or more is in a pair. Two entries of one request are two
+    # logical blocks, so they differ and are caught too.
+    top = torch.iinfo(table.dtype).max
+    sentinel = _head(_constant(("sentinel", dev, table.dtype), entries, lambda n: top - torch.arange(n, device=dev, dtype=table.dtype)), entries)
+    ordered, order = torch.sort(torch.where(flat, table, sentinel.view(num_reqs, width)).view(-1))
+    pair = ordered[1:] == ordered[:-1]
     if sharing == "none":
         fails.append(pair)
     else:
-        ll = j.expand_as(table).reshape(-1)[order]
-        full = ((j + 1) * bs <= lens.view(-1, 1)).reshape(-1)[order]
-        fails.append(pair & ((ll[1:] != ll[:-1]) | ~full[1:] | ~full[:-1]))
-    bad = torch.cat([f.reshape(-1) for f in fails]).any()
-    return not bool(bad)
+        column = order.remainder(width)
+        partial = (end > lens_col).view(-1)[order]
+        fails.append(pair & ((column[1:] != column[:-1]) | partial[1:] | partial[:-1]))
+    return not bool(torch.cat([f.view(-1) for f in fails]).any())
 
 
 def as_step(step: int, requests: list[str], tensors: dict):
