@@ -117,7 +117,7 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     # the table entries the tokens need: in the pool, and (where visible) not the null block
     lens_col = lens.view(-1, 1)
     used = start < lens_col
-    outside = table.clamp(0, num_blocks - 1) != table
+    outside = table.clamp(0, num_blocks - 1) != table if num_blocks > 0 else torch.ones_like(table, dtype=torch.bool)
     if null_block is None:
         fails.append(used & outside)
         flat = used
