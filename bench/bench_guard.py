@@ -4,6 +4,8 @@
     python bench/bench_guard.py --serve             # throughput of a bounded load, guard off then on
     python bench/bench_guard.py --step --quick      # a smaller grid
     python bench/bench_guard.py --pools             # per step at pools of 10k, 100k, 1M blocks: sorted vs the old bins
+    python bench/bench_guard.py --fixed             # today's verdict vs the one before its ops were cut (bench/guard_before.py):
+                                                    # µs per step at batches 1, 16, 256 x pools 10k, 100k, 1M, and the op counts
 
 Per step: `pagetrace.engines.guard.verdict` on a decode step of R requests with C tokens of
 context each (block size 16, vLLM's GPU default; a pool of exactly the blocks used + the
@@ -145,6 +147,58 @@ def bench_pools(pools, shapes, repeat: int) -> list[dict]:
     return rows
 
 
+def count_ops(fn) -> tuple[int, int]:
+    """(ops seen by a TorchDispatchMode, the top-level calls into ATen; aten:: events in
+    torch.profiler, nested ones included) of one call, after a warm-up call."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    fn()
+    with Count():
+        fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return Count.n, sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+
+def bench_fixed(batches, pools, context: int, repeat: int) -> list[dict]:
+    """Today's verdict against the one before its fixed cost was cut (bench/guard_before.py),
+    on the same decode step in the same run, the calls interleaved so both see the same load."""
+    import torch
+
+    from pagetrace.engines.guard import verdict
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from guard_before import verdict_before
+
+    torch.set_num_threads(1)
+    rows = []
+    for r in batches:
+        for pool in pools:
+            qsl, lens, table, slots, pos = pool_step(r, context, pool)
+            args = (qsl, lens, table, slots)
+            kw = dict(block_size=BS, num_blocks=pool, positions=pos, num_tokens=r)
+            assert verdict(*args, **kw) and verdict_before(*args, **kw), "the benchmark's step must be clean"
+            olds, news = [], []
+            for _ in range(3):
+                olds.append(median_us(lambda: verdict_before(*args, **kw), repeat))
+                news.append(median_us(lambda: verdict(*args, **kw), repeat))
+            old, new = statistics.median(olds), statistics.median(news)
+            ops_old, ops_new = count_ops(lambda: verdict_before(*args, **kw)), count_ops(lambda: verdict(*args, **kw))
+            rows.append({"requests": r, "context": context, "pool_blocks": pool, "before_us": old, "now_us": new, "ratio": new / old,
+                         "ops_before": ops_old, "ops_now": ops_new})
+            print(f"R={r:4d}  context={context:6d}  entries={r * table.shape[1]:7d}  pool={pool:8d}  before {old:8.1f} µs  now {new:8.1f} µs  "
+                  f"now/before {new / old:5.2f}  ops {ops_old[0]} -> {ops_new[0]} (profiler {ops_old[1]} -> {ops_new[1]})", flush=True)
+    return rows
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -254,12 +308,15 @@ def main() -> int:
     parser.add_argument("--step", action="store_true", help="the per-step cost on CPU tensors")
     parser.add_argument("--serve", action="store_true", help="throughput of a live server, guard off and on")
     parser.add_argument("--pools", action="store_true", help="per step at pools of 10k, 100k and 1M blocks, against the old bin-per-block check")
+    parser.add_argument("--fixed", action="store_true", help="today's verdict against the one before its ops were cut, with op counts")
     parser.add_argument("--quick", action="store_true", help="a smaller grid / load")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=8, help="off/on pairs of loads against the one server")
     args = parser.parse_args()
-    if not (args.step or args.serve or args.pools):
+    if not (args.step or args.serve or args.pools or args.fixed):
         args.step = True
+    if args.fixed:
+        bench_fixed([1, 16, 256], [10_000] if args.quick else [10_000, 100_000, 1_000_000], 512, args.repeat)
     if args.pools:
         shapes = [(16, 2048)] if args.quick else [(16, 2048), (64, 2048), (256, 512)]
         bench_pools([10_000, 100_000, 1_000_000], shapes, args.repeat)

@@ -1,4 +1,4 @@
-"""Today's `guard.verdict` (about 70 ops a step, issue 29) against the verdict before it
+"""Today's `guard.verdict` (64 ops a decode step, issue 29) against the verdict before it
 (bench/guard_before.py, frozen: about 130 ops, every tensor widened to int64, masks over every
 row): the same boolean on random steps, clean and broken, and on steps planted at each
 boundary. The cut verdict drops masks where one failing check implies another (e.g. a token
