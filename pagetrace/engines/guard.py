@@ -1,8 +1,11 @@
 """The guard: `check`'s invariants of one step, on the engine's own index tensors, before
 the kernel reads them.
 
-`verdict()` is the hot path, run on every step: torch ops on the device the metadata
-lives on and one host sync (the final `bool`), no Python loop over requests or tokens.
+`verdict()` is the hot path, run on every step: a fixed number of torch ops (64 on a
+decode step) on the device its tensors live on and one host sync (the final `bool`), no
+Python loop over requests or tokens. `host_tensors()` gives it vLLM's host copies of the
+block table and query_start_loc where vLLM keeps them (on a GPU: no launches for those, and
+the sync is a copy of the few tensors vLLM computes on the device).
 It covers the index checks of `pagetrace check` (engines/check.py) exactly. Its work is
 O(E log E + T log T), E = R x M table entries (R requests, M table columns), T new tokens:
 none of it grows with the pool (the sharing check sorts the table's entries), all fixed
