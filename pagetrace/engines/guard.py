@@ -55,7 +55,7 @@ def _head(t, n: int):
 
 def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size: int, num_blocks: int,
             null_block: int | None = 0, sharing: str = "full-blocks", positions=None, sliding_window: int | None = None,
-            slot_padding: int = -1, num_tokens: int | None = None) -> bool:
+            slot_padding: int = -1, num_tokens: int | None = None, path: str = "auto") -> bool:
     """True when every invariant holds. Tensors as the engine holds them (any int dtype, any
     device): query_start_loc [R + 1], seq_lens [R], block_table [R, M], slot_mapping [>= T]
     (padding after the T = query_start_loc[R] real tokens), positions [>= T] or None;
@@ -66,7 +66,11 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     violation), so no mask over every row. Where one check failing implies another, the other
     is not masked for it: e.g. a token whose block lies outside its table row is a capacity or
     query violation, so the slot check reads the row clamped and needs no `inside` mask. The
-    verdict is the same boolean as before (tests/engines/test_guard_before.py)."""
+    verdict is the same boolean as before (tests/engines/test_guard_before.py).
+
+    path: "torch" (the ops above, on the tensors' device), "host" (the same checks in numpy on
+    host tensors, zero-copy, each returning at its first failure: a torch op costs a few µs to
+    dispatch, a numpy one about one), or "auto": host when every tensor is on the host."""
     import torch
 
     num_reqs = int(seq_lens.shape[0])
@@ -77,6 +81,10 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     total = int(query_start_loc[num_reqs]) if num_tokens is None else int(num_tokens)
     if not 0 <= total <= rows:
         return False  # query_start_loc ends outside slot_mapping, or not at the engine's count and outside it
+    tensors = (query_start_loc, seq_lens, block_table, slot_mapping) + (() if positions is None else (positions,))
+    if path == "host" or (path == "auto" and all(t.device.type == "cpu" for t in tensors)):
+        return _on_host(*(t.numpy() for t in tensors[:4]), None if positions is None else positions.numpy(), total=total, bs=block_size,
+                        num_blocks=num_blocks, null_block=null_block, sharing=sharing, window=sliding_window, pad=slot_padding)
     dev, bs = block_table.device, block_size
     qsl = _head(query_start_loc, num_reqs + 1).long()
     lens = seq_lens.long()
@@ -153,6 +161,77 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
         partial = (end > lens_col).view(-1)[order]
         fails.append(pair & ((column[1:] != column[:-1]) | partial[1:] | partial[:-1]))
     return not bool(torch.cat([f if f.dim() == 1 else f.view(-1) for f in fails]).any())
+
+
+def _on_host(qsl, lens, table, slot_mapping, positions, *, total: int, bs: int, num_blocks: int, null_block, sharing: str, window, pad: int) -> bool:
+    """`verdict`'s checks in numpy on host arrays (zero-copy views of the engine's host
+    tensors), each returning False at its first failure. Once the query and capacity checks
+    pass, query_start_loc is well formed (starts at 0, never decreases, ends at T) and each
+    request's new tokens lie in its row, so a token's request is a `repeat` and its block
+    needs no clamp."""
+    import numpy as np
+    import torch
+
+    num_reqs = lens.shape[0]
+    qsl = qsl[: num_reqs + 1].astype(np.int64)
+    lens = lens.astype(np.int64)
+    if qsl[0] != 0 or qsl[num_reqs] != total:
+        return False  # query
+    table = table[:num_reqs]
+    width = table.shape[1]
+    entries = num_reqs * width
+    if table.dtype not in (np.int32, np.int64) or num_blocks + entries >= np.iinfo(table.dtype).max:
+        table = table.astype(np.int64)
+    starts = qsl[:-1]
+    qlen = qsl[1:] - starts
+    first = lens - qlen
+    if (np.minimum(first, qlen) < 0).any() or (lens > width * bs).any():
+        return False  # query, capacity
+    pos = np.repeat(first - starts, qlen) + _constant(("index", "host"), total, np.arange)[:total]
+    logical = pos // bs
+    slots = slot_mapping[:total]
+    if (slots != table[np.repeat(np.arange(num_reqs), qlen), logical].astype(np.int64) * bs + (pos - logical * bs)).any():
+        return False  # slot
+    if positions is not None:
+        given = positions[:total]
+        if (given != pos[: given.shape[0]]).any():
+            return False  # position
+    if (slot_mapping[total:] != pad).any():
+        return False  # padding
+    ordered = torch.sort(torch.from_numpy(slots)).values.numpy()  # torch's sort: several times numpy's on 100k entries
+    later = ordered[1:]
+    if ((later == ordered[:-1]) & (later != pad)).any():
+        return False  # collision
+    start, end = _constant(("cols", "host", width, bs), 0, lambda _: (np.arange(width).reshape(1, -1) * bs, (np.arange(width).reshape(1, -1) + 1) * bs))
+    lens_col = lens.reshape(-1, 1)
+    used = start < lens_col
+    outside = (table < 0) | (table >= num_blocks)
+    if null_block is None:
+        if (used & outside).any():
+            return False  # pool
+        flat = used
+    else:
+        null = table == null_block
+        if window is None:
+            if (used & (outside | null)).any():
+                return False  # pool, null
+        else:
+            seen = lens - np.maximum(qlen, 1) - window + 1
+            if (used & outside).any() or (used & (end > seen.reshape(-1, 1)) & null).any():
+                return False  # pool, null in the window
+        flat = used & ~null
+    top = np.iinfo(table.dtype).max
+    sentinel = _constant(("sentinel", "host", table.dtype.str), entries, lambda n: top - np.arange(n, dtype=table.dtype))[:entries]
+    key = np.where(flat, table, sentinel.reshape(num_reqs, width)).reshape(-1)
+    ordered, order = (t.numpy() for t in torch.sort(torch.from_numpy(key)))
+    pair = ordered[1:] == ordered[:-1]
+    if not pair.any():
+        return True  # no block in two entries
+    if sharing == "none":
+        return False  # sharing
+    column = order % width
+    partial = (end > lens_col).reshape(-1)[order]
+    return not (pair & ((column[1:] != column[:-1]) | partial[1:] | partial[:-1])).any()
 
 
 def as_step(step: int, requests: list[str], tensors: dict):

@@ -21,7 +21,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagetrace.engines.guard import as_step, line, manifest, name, verdict
+from pagetrace.engines.guard import as_step, line, manifest, name
+from pagetrace.engines.guard import verdict as _verdict
+
+
+def verdict(*args, **kw):
+    """The guard's verdict on both its paths (torch ops; numpy on the host), which must agree."""
+    on_host, by_torch = _verdict(*args, **kw, path="host"), _verdict(*args, **kw, path="torch")
+    assert on_host == by_torch, ("host", on_host, "torch", by_torch)
+    return on_host
 from pagetrace.engines.vllm import client_id
 
 BS, POOL, KVH, D = 4, 16, 2, 8

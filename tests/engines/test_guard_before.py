@@ -28,9 +28,13 @@ verdict_before = _before.verdict_before
 
 
 def both(t, **kw):
+    """(today's verdict, the one before): today's on both its paths, torch ops and numpy on the
+    host, which must agree."""
     args = (t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"])
     kw = dict(kw, positions=t.get("positions"))
-    return verdict(*args, **kw), verdict_before(*args, **kw)
+    on_host, by_torch = verdict(*args, **kw, path="host"), verdict(*args, **kw, path="torch")
+    assert on_host == by_torch, ("host", on_host, "torch", by_torch)
+    return on_host, verdict_before(*args, **kw)
 
 
 def clean_step(lens, qlens, *, bs, pool, width, shared, rng, null_block=0, pad=2, window=None):
