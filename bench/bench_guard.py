@@ -169,8 +169,10 @@ def count_ops(fn) -> tuple[int, int]:
 
 
 def bench_fixed(batches, pools, context: int, repeat: int) -> list[dict]:
-    """Today's verdict against the one before its fixed cost was cut (bench/guard_before.py),
-    on the same decode step in the same run, the calls interleaved so both see the same load."""
+    """Today's verdict, on both its paths (numpy on host tensors, what vLLM's CPU runner and
+    guard.host_tensors give it; torch ops, what a device's tensors get), against the one before
+    its fixed cost was cut (bench/guard_before.py), on the same decode step in the same run,
+    the three interleaved (median of three medians) so they see the same load."""
     import torch
 
     from pagetrace.engines.guard import verdict
@@ -185,17 +187,20 @@ def bench_fixed(batches, pools, context: int, repeat: int) -> list[dict]:
             qsl, lens, table, slots, pos = pool_step(r, context, pool)
             args = (qsl, lens, table, slots)
             kw = dict(block_size=BS, num_blocks=pool, positions=pos, num_tokens=r)
-            assert verdict(*args, **kw) and verdict_before(*args, **kw), "the benchmark's step must be clean"
-            olds, news = [], []
+            calls = {"before": lambda: verdict_before(*args, **kw), "torch": lambda: verdict(*args, **kw, path="torch"),
+                     "host": lambda: verdict(*args, **kw, path="host")}
+            assert all(f() for f in calls.values()), "the benchmark's step must be clean"
+            runs = {k: [] for k in calls}
             for _ in range(3):
-                olds.append(median_us(lambda: verdict_before(*args, **kw), repeat))
-                news.append(median_us(lambda: verdict(*args, **kw), repeat))
-            old, new = statistics.median(olds), statistics.median(news)
-            ops_old, ops_new = count_ops(lambda: verdict_before(*args, **kw)), count_ops(lambda: verdict(*args, **kw))
-            rows.append({"requests": r, "context": context, "pool_blocks": pool, "before_us": old, "now_us": new, "ratio": new / old,
-                         "ops_before": ops_old, "ops_now": ops_new})
-            print(f"R={r:4d}  context={context:6d}  entries={r * table.shape[1]:7d}  pool={pool:8d}  before {old:8.1f} µs  now {new:8.1f} µs  "
-                  f"now/before {new / old:5.2f}  ops {ops_old[0]} -> {ops_new[0]} (profiler {ops_old[1]} -> {ops_new[1]})", flush=True)
+                for k, f in calls.items():
+                    runs[k].append(median_us(f, repeat))
+            us = {k: statistics.median(v) for k, v in runs.items()}
+            ops = {k: count_ops(f) for k, f in calls.items()}
+            rows.append({"requests": r, "context": context, "pool_blocks": pool, "us": us, "ops": ops})
+            print(f"R={r:4d}  context={context:5d}  entries={r * table.shape[1]:6d}  pool={pool:8d}  before {us['before']:7.1f} µs  "
+                  f"torch {us['torch']:7.1f} µs ({us['torch'] / us['before']:4.2f})  host {us['host']:7.1f} µs ({us['host'] / us['before']:4.2f})  "
+                  f"ops {ops['before'][0]} / {ops['torch'][0]} / {ops['host'][0]} (profiler {ops['before'][1]} / {ops['torch'][1]} / {ops['host'][1]})",
+                  flush=True)
     return rows
 
 
