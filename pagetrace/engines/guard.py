@@ -61,9 +61,9 @@ def verdict(query_start_loc, seq_lens, block_table, slot_mapping, *, block_size:
     (padding after the T = query_start_loc[R] real tokens), positions [>= T] or None;
     num_tokens: the engine's count of real tokens (vLLM's num_actual_tokens), T must equal it.
 
-    Its ops are fixed in number (64 on a decode step, 132 before: bench/README.md), its shapes known on the host from num_tokens: the
-    real tokens are the first T rows (a query_start_loc that does not end at T is itself a
-    violation), so no mask over every row. Where one check failing implies another, the other
+    Its ops are fixed in number (64 torch ops, 132 before: bench/README.md), its shapes known
+    on the host from num_tokens: the real tokens are the first T rows (a query_start_loc that
+    does not end at T is itself a violation), so no mask over every row. Where one check failing implies another, the other
     is not masked for it: e.g. a token whose block lies outside its table row is a capacity or
     query violation, so the slot check reads the row clamped and needs no `inside` mask. The
     verdict is the same boolean as before (tests/engines/test_guard_before.py).
