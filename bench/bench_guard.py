@@ -5,6 +5,8 @@
     python bench/bench_guard.py --serve --ring      # ... with the metadata ring on too (PAGETRACE_PAGES=flagged), off then on
     python bench/bench_guard.py --step --quick      # a smaller grid
     python bench/bench_guard.py --pools             # per step at pools of 10k, 100k, 1M blocks: sorted vs the old bins
+    python bench/bench_guard.py --fixed             # today's verdict vs the one before its ops were cut (bench/guard_before.py):
+                                                    # µs per step at batches 1, 16, 256 x pools 10k, 100k, 1M, and the op counts
 
 Per step: `pagetrace.engines.guard.verdict` on a decode step of R requests with C tokens of
 context each (block size 16, vLLM's GPU default; a pool of exactly the blocks used + the
@@ -146,6 +148,63 @@ def bench_pools(pools, shapes, repeat: int) -> list[dict]:
     return rows
 
 
+def count_ops(fn) -> tuple[int, int]:
+    """(ops seen by a TorchDispatchMode, the top-level calls into ATen; aten:: events in
+    torch.profiler, nested ones included) of one call, after a warm-up call."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    fn()
+    with Count():
+        fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return Count.n, sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+
+def bench_fixed(batches, pools, context: int, repeat: int) -> list[dict]:
+    """Today's verdict, on both its paths (numpy on host tensors, what vLLM's CPU runner and
+    guard.host_tensors give it; torch ops, what a device's tensors get), against the one before
+    its fixed cost was cut (bench/guard_before.py), on the same decode step in the same run,
+    the three interleaved (median of three medians) so they see the same load."""
+    import torch
+
+    from pagetrace.engines.guard import verdict
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from guard_before import verdict_before
+
+    torch.set_num_threads(1)
+    rows = []
+    for r in batches:
+        for pool in pools:
+            qsl, lens, table, slots, pos = pool_step(r, context, pool)
+            args = (qsl, lens, table, slots)
+            kw = dict(block_size=BS, num_blocks=pool, positions=pos, num_tokens=r)
+            calls = {"before": lambda: verdict_before(*args, **kw), "torch": lambda: verdict(*args, **kw, path="torch"),
+                     "host": lambda: verdict(*args, **kw, path="host")}
+            assert all(f() for f in calls.values()), "the benchmark's step must be clean"
+            runs = {k: [] for k in calls}
+            for _ in range(3):
+                for k, f in calls.items():
+                    runs[k].append(median_us(f, repeat))
+            us = {k: statistics.median(v) for k, v in runs.items()}
+            ops = {k: count_ops(f) for k, f in calls.items()}
+            rows.append({"requests": r, "context": context, "pool_blocks": pool, "us": us, "ops": ops})
+            print(f"R={r:4d}  context={context:5d}  entries={r * table.shape[1]:6d}  pool={pool:8d}  before {us['before']:7.1f} µs  "
+                  f"torch {us['torch']:7.1f} µs ({us['torch'] / us['before']:4.2f})  host {us['host']:7.1f} µs ({us['host'] / us['before']:4.2f})  "
+                  f"ops {ops['before'][0]} / {ops['torch'][0]} / {ops['host'][0]} (profiler {ops['before'][1]} / {ops['torch'][1]} / {ops['host'][1]})",
+                  flush=True)
+    return rows
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -259,13 +318,16 @@ def main() -> int:
     parser.add_argument("--step", action="store_true", help="the per-step cost on CPU tensors")
     parser.add_argument("--serve", action="store_true", help="throughput of a live server, guard off and on")
     parser.add_argument("--pools", action="store_true", help="per step at pools of 10k, 100k and 1M blocks, against the old bin-per-block check")
+    parser.add_argument("--fixed", action="store_true", help="today's verdict against the one before its ops were cut, with op counts")
     parser.add_argument("--quick", action="store_true", help="a smaller grid / load")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=8, help="off/on pairs of loads against the one server")
     parser.add_argument("--ring", action="store_true", help="--serve with the metadata ring on too (PAGETRACE_PAGES=flagged), toggled with the guard")
     args = parser.parse_args()
-    if not (args.step or args.serve or args.pools):
+    if not (args.step or args.serve or args.pools or args.fixed):
         args.step = True
+    if args.fixed:
+        bench_fixed([1, 16, 256], [10_000] if args.quick else [10_000, 100_000, 1_000_000], 512, args.repeat)
     if args.pools:
         shapes = [(16, 2048)] if args.quick else [(16, 2048), (64, 2048), (256, 512)]
         bench_pools([10_000, 100_000, 1_000_000], shapes, args.repeat)

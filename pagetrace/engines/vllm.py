@@ -608,11 +608,13 @@ class Tap:
 
     def check(self, m, positions, step: int):
         """(violations, the step as `check` reads it): ([], None) when the verdict is clean."""
-        from .guard import line, name, verdict
+        from .guard import host_tensors, line, name, verdict
 
         rec = self.recorder
-        if verdict(m.query_start_loc, m.seq_lens, m.block_table, m.slot_mapping, block_size=rec.block_size, num_blocks=rec.meta["num_blocks"],
-                   sharing="full-blocks" if rec.prefix_caching else "none", positions=positions, sliding_window=rec.meta["sliding_window"],
+        # vLLM's host copies where it keeps them (a planted step: the metadata's own, where the plant is)
+        t = host_tensors(m, self.runner, positions) if not self.plants.get(step) else {**{k: getattr(m, k) for k in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")}, "positions": positions}
+        if verdict(t["query_start_loc"], t["seq_lens"], t["block_table"], t["slot_mapping"], block_size=rec.block_size, num_blocks=rec.meta["num_blocks"],
+                   sharing="full-blocks" if rec.prefix_caching else "none", positions=t["positions"], sliding_window=rec.meta["sliding_window"],
                    num_tokens=int(m.num_actual_tokens)):
             return [], None
         checked = self.step_for_check(m, positions, step)

@@ -21,7 +21,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagetrace.engines.guard import as_step, line, manifest, name, verdict
+from pagetrace.engines.guard import as_step, line, manifest, name
+from pagetrace.engines.guard import verdict as _verdict
+
+
+def verdict(*args, **kw):
+    """The guard's verdict on both its paths (torch ops; numpy on the host), which must agree."""
+    on_host, by_torch = _verdict(*args, **kw, path="host"), _verdict(*args, **kw, path="torch")
+    assert on_host == by_torch, ("host", on_host, "torch", by_torch)
+    return on_host
 from pagetrace.engines.vllm import client_id
 
 BS, POOL, KVH, D = 4, 16, 2, 8
@@ -422,3 +430,82 @@ def test_a_request_without_new_tokens_is_judged_by_its_last_tokens_window(window
     t = step([0, 0, 1], [12, 3], [[0, 0, 5, 0], [3, 0, 0, 0]], [14, -1], [2, 0])
     ok, names = judged(t, window=window)
     assert (ok, names) == (found == [], found)
+
+
+# -- the host copies the guard reads (guard.host_tensors) ------------------------------------
+
+
+class Buffer:
+    """vLLM's CpuGpuBuffer (v1/utils.py): a host tensor and its device copy. Here both live on
+    the CPU as two tensors, standing for a GPU's pair (on vLLM's CPU runner they are one)."""
+
+    def __init__(self, values, *, one=False):
+        self.cpu = torch.tensor(values, dtype=torch.int32)
+        self.gpu = self.cpu if one else self.cpu.clone()
+
+
+def runner_with(qsl, tables):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(query_start_loc=qsl, input_batch=SimpleNamespace(block_table=SimpleNamespace(
+        block_tables=[SimpleNamespace(block_table=t) for t in tables])))
+
+
+def metadata_of(qsl, table, t):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(query_start_loc=qsl.gpu[:4], seq_lens=t["seq_lens"], block_table=table.gpu[:3], slot_mapping=t["slot_mapping"])
+
+
+def test_the_guard_reads_the_host_copy_of_the_block_table_and_query_start_loc():
+    from pagetrace.engines.guard import host_tensors
+
+    t = base()
+    # persistent buffers of 6 requests, as vLLM sizes them (max_num_seqs), and a second KV cache group
+    qsl = Buffer(t["query_start_loc"].tolist() + [8, 8, 8])
+    table = Buffer(t["block_table"].tolist() + [[0] * 4] * 3)
+    other = Buffer([[9] * 4] * 6)
+    m = metadata_of(qsl, table, t)
+    picked = host_tensors(m, runner_with(qsl, [other, table]), t["positions"])
+    assert picked["block_table"].data_ptr() == table.cpu.data_ptr() and picked["query_start_loc"].data_ptr() == qsl.cpu.data_ptr()
+    assert picked["block_table"].tolist() == t["block_table"].tolist() and picked["query_start_loc"].tolist() == [0, 6, 7, 8]
+    for k in ("seq_lens", "slot_mapping", "positions"):  # no host copy in vLLM: the metadata's own (on the host here: itself)
+        assert picked[k] is t[k]
+
+    def ok(p):
+        return verdict(p["query_start_loc"], p["seq_lens"], p["block_table"], p["slot_mapping"], block_size=BS, num_blocks=POOL,
+                       positions=p["positions"], num_tokens=8)
+
+    assert ok(picked)
+    table.cpu[1, 1] = POOL  # the host copy is what the guard read: a bad entry there is found
+    assert not ok(host_tensors(m, runner_with(qsl, [other, table]), t["positions"]))
+
+
+def test_a_table_that_is_no_buffers_device_copy_is_read_as_the_metadata_holds_it():
+    """A backend that remaps the table (another kernel block size) or a buffer of another
+    shape: the metadata's own tensor, never a host copy of something else."""
+    from pagetrace.engines.guard import host_tensors
+
+    t = base()
+    qsl = Buffer(t["query_start_loc"].tolist() + [8, 8])
+    table = Buffer(t["block_table"].tolist() + [[0] * 4] * 3)
+    m = metadata_of(qsl, table, t)
+    m.block_table = table.gpu[:3].clone()  # a copy, not the buffer
+    assert host_tensors(m, runner_with(qsl, [table]))["block_table"] is m.block_table
+    m.block_table = table.gpu[1:4]  # the buffer's memory, not from its first row
+    assert host_tensors(m, runner_with(qsl, [table]))["block_table"] is m.block_table
+    wide = Buffer([[0] * 8] * 6)
+    m.block_table = wide.gpu[:3, :4]  # its first row, another row stride
+    assert host_tensors(m, runner_with(qsl, [wide]))["block_table"] is m.block_table
+    assert host_tensors(m, object())["query_start_loc"] is m.query_start_loc  # a runner without the buffers
+
+
+def test_on_vllms_cpu_runner_the_host_copies_are_the_metadatas_own_memory():
+    from pagetrace.engines.guard import host_tensors
+
+    t = base()
+    qsl = Buffer(t["query_start_loc"].tolist(), one=True)
+    table = Buffer(t["block_table"].tolist(), one=True)
+    m = metadata_of(qsl, table, t)
+    picked = host_tensors(m, runner_with(qsl, [table]), t["positions"])
+    assert picked["block_table"].data_ptr() == m.block_table.data_ptr() and picked["query_start_loc"].data_ptr() == m.query_start_loc.data_ptr()
