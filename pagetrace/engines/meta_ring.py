@@ -41,16 +41,15 @@ _LIMITS = [(int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for dt in DTYPES]
 SEP = b"\0"
 
 
-def _host(t) -> np.ndarray:
-    """A copy of a tensor's values as a NumPy int64 array (a torch tensor on any device, or an
-    array). A copy: vLLM fills the same buffers again at the next step, and the ring keeps
-    this step's values to tell the next one's difference from."""
-    if hasattr(t, "detach"):
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        t = t.numpy()
-    return np.array(t, dtype=np.int64)
+def _view(t) -> np.ndarray:
+    """A tensor's values as NumPy sees them, without a copy where they are on the host (a torch
+    tensor on any device, or an array)."""
+    if hasattr(t, "numpy"):
+        try:
+            return t.numpy()
+        except (TypeError, RuntimeError):  # on a device, or a tensor that needs grad: brought to the host
+            return t.detach().cpu().numpy()
+    return np.asarray(t)
 
 
 def _aligned(prev: np.ndarray, n: int) -> np.ndarray:
@@ -85,40 +84,48 @@ class Encoder:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.last_requests: list[str] | None = None
-        self.prev = [np.zeros(0, dtype=np.int64) for _ in VALUES]  # the last step's rows, query_start_loc, seq_lens, slot_mapping, positions
+        self.rows = _EMPTY
+        self.values, self.sizes = _EMPTY, (0, 0, 0, 0, 0)  # the last step's rows, query_start_loc, seq_lens, slot_mapping, positions, end to end
         self.table = np.zeros((0, 0), dtype=np.int64)  # the last step's table: its used entries, and before that what each row held
 
     def encode(self, step: int, requests: list[str], query_start_loc, seq_lens, block_table, slot_mapping, positions, block_size: int) -> bytes:
         new_ids = []
         if requests == self.last_requests:  # a decode step of an unchanged batch: one list compare
-            rows = self.prev[0]
+            rows = self.rows
         else:
             ids = self.ids
             for name in requests:
                 if name not in ids:
                     ids[name] = len(ids)
                     new_ids.append(name)
-            rows = np.fromiter((ids[name] for name in requests), dtype=np.int64, count=len(requests))
+            rows = self.rows = np.fromiter((ids[name] for name in requests), dtype=np.int64, count=len(requests))
             self.last_requests = list(requests)
         num = len(requests)
-        lens = _host(seq_lens)[:num]
-        current = [rows, _host(query_start_loc)[: num + 1], lens, _host(slot_mapping),
-                   _EMPTY if positions is None else _host(positions)]
+        qsl, lens, slots = _view(query_start_loc)[: num + 1], _view(seq_lens)[:num], _view(slot_mapping)
+        pos = _EMPTY if positions is None else _view(positions)
+        sizes = (num, qsl.shape[0], num, slots.shape[0], pos.shape[0])
+        # this step's values, one int64 copy (vLLM fills the same buffers again at the next step)
+        current = np.concatenate([rows, qsl, lens, slots, pos], dtype=np.int64)
+        if sizes == self.sizes:  # the usual decode step: one subtraction
+            delta = current - self.values
+        else:
+            ends = np.cumsum(sizes)
+            old = np.split(self.values, np.cumsum(self.sizes)[:-1])
+            delta = np.concatenate([a - _aligned(p, a.shape[0]) for a, p in zip(np.split(current, ends[:-1]), old)])
+        self.values, self.sizes = current, sizes
+        lens = current[num + sizes[1]: 2 * num + sizes[1]]
         counts = (lens + block_size - 1) // block_size
         width = max(int(counts.max()), 0) if num else 0
-        table = _host(block_table[:num, :width]) if width else np.zeros((num, 0), dtype=np.int64)
+        table = _view(block_table[:num, :width]) if width else np.zeros((num, 0), dtype=np.int64)
         width = table.shape[1]  # a row narrower than its count (a bad seq_len): what there is
-        base = _carried(self.table, num, width)
-        table = np.where(_COLUMNS[:, :width] < counts[:, None], table, base) if width <= _COLUMNS.shape[1] else \
-            np.where(np.arange(width)[None, :] < counts[:, None], table, base)  # past a row's count: not kept, not changed
+        base = self.table if self.table.shape == (num, width) else _carried(self.table, num, width)
+        used = _COLUMNS[:, :width] < counts[:, None] if width <= _COLUMNS.shape[1] else np.arange(width)[None, :] < counts[:, None]
+        table = np.where(used, table, base)  # past a row's count: not kept, not changed (int64: base is)
         change = np.flatnonzero(table != base)
         self.table = table
-        parts = [a - _aligned(p, a.shape[0]) for a, p in zip(current, self.prev)]
-        self.prev = current
-        parts += [change, table.reshape(-1)[change]]
-        code, values = _narrow(np.concatenate(parts))
+        code, values = _narrow(np.concatenate([delta, change, table.reshape(-1)[change]]))
         id_bytes = SEP.join(n.encode() for n in new_ids)
-        head = np.array([step, num, width, current[3].shape[0], current[4].shape[0], change.shape[0], len(id_bytes), code, block_size], dtype=np.int64)
+        head = np.array([step, num, width, sizes[3], sizes[4], change.shape[0], len(id_bytes), code, block_size], dtype=np.int64)
         return head.tobytes() + id_bytes + values.tobytes()
 
 
@@ -283,8 +290,10 @@ class MetaRing:
             return "metadata ring empty"
         first = ix["first"] if ix["first"] is not None else self.open_first
         steps = ix["steps"] + self.open_steps
+        last = self.open_last if self.open_steps else ix["last"]
+        gaps = "" if steps == last - first + 1 else f", the others not seen (paused by SIGUSR2, or the ring restarted)"
         held = f"{self.bytes / (1 << 20):.2f} MiB" if self.bytes >= 1 << 20 else f"{self.bytes / 1024:.1f} KiB"
-        return f"metadata ring: steps {first}..{self.open_last if self.open_steps else ix['last']} ({steps} steps) in {held} of {self.bound / (1 << 20):g} MiB"
+        return f"metadata ring: steps {first}..{last} ({steps} steps{gaps}) in {held} of {self.bound / (1 << 20):g} MiB"
 
 
 def read_segment(data: bytes) -> list[dict]:
