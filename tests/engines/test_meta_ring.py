@@ -112,6 +112,7 @@ def test_after_10000_steps_the_ring_holds_exactly_what_it_states():
         ring.add(n, step["requests"], step["query_start_loc"], step["seq_lens"], step["block_table"], step["slot_mapping"], step["positions"])
         for t in (step["query_start_loc"], step["seq_lens"], step["block_table"], step["slot_mapping"], step["positions"]):
             t.fill_(-99)  # vLLM fills the same buffers again at the next step: the ring must have kept its own copy
+        assert ring.bytes <= ring.bound, n  # at every step, not only at the end
     info, data, dropped = ring.flush()
     for d in dropped:
         del files.files[d]
@@ -127,6 +128,7 @@ def test_after_10000_steps_the_ring_holds_exactly_what_it_states():
     assert index["last"] == 9_999 and 0 < index["first"] and index["steps"] == 10_000 - index["first"]  # older steps left
     assert sorted(got) == list(range(index["first"], 10_000))
     assert index["bytes"] == sum(len(held[s["file"]]) for s in index["segments"]) <= index["bound_bytes"]
+    assert index["bytes"] + max(s["bytes"] for s in index["segments"]) > index["bound_bytes"]  # and no segment left that fitted
     for n, want in got.items():
         assert want == originals[n], n
 
