@@ -6,7 +6,8 @@ the guard in report mode and a table entry planted 5,000,000 blocks out at step 
 PROMPT tokens and MAX_TOKENS new ones. The bundle the guard closes holds the flagged step with
 its pages and the ring of every step before it; the reference is the traffic the test sent:
 each request's steps run from its prompt (prefill from 0: no prompt shares a block) to
-prompt + MAX_TOKENS - 1 (vLLM never feeds back the last token), one more token each step.
+prompt + MAX_TOKENS - 1 (vLLM never feeds back the last token), one more token each step
+(under vLLM's async scheduling, one step past it at most).
 Then SIGUSR1: the next step is kept with its pages and the second bundle closes with the
 ring of the steps since.
 """
@@ -68,12 +69,15 @@ def test_the_ring_holds_every_step_before_the_fault_and_check_reads_them(model, 
     extra = ("--max-model-len", "2048", "--num-gpu-blocks-override", "256", "--max-num-seqs", "8")
     started = time.monotonic()
     with server(model, log, env, extra=extra) as (proc, port):
-        codes = rounds(port, 11)  # 11 rounds of 1,000 steps: past PLANT
+        codes, k = {}, 0
+        while f"pagetrace guard: step {PLANT}: made safe" not in log.read_text():  # rounds of 1,000 steps or more, past PLANT
+            assert k < 60, f"step {PLANT} not reached after {k} rounds"
+            codes |= rounds(port, 1, start=k)
+            k += 1
         assert all(c == 200 for c in codes.values()), (codes, log.read_text()[-3000:])
-        wait_for(log, f"pagetrace guard: step {PLANT}: made safe", timeout=60)
         worker = worker_pid(proc.pid)
         os.kill(worker, signal.SIGUSR1)
-        assert rounds(port, 1, start=11) and get(port, "/health")[0] == 200
+        assert rounds(port, 1, start=k) and get(port, "/health")[0] == 200
         wait_for(log, "pagetrace: signal SIGUSR1: ", timeout=60)
         print(f"ring run: {time.monotonic() - started:.1f} s", file=sys.stderr)
     m = manifest(bundle)
@@ -101,14 +105,19 @@ def test_the_ring_holds_every_step_before_the_fault_and_check_reads_them(model, 
         st = read_step(bundle, man, n)
         for r, rid in enumerate(st.requests):
             seen.setdefault(rid, []).append((n, st.seq_lens[r], st.query_len(r)))
-    finished = [rid for rid, rows in seen.items() if rows[-1][1] == PROMPT + MAX_TOKENS - 1]
-    assert len(finished) >= 8 * ROUND_REQUESTS, len(finished)  # the rounds before PLANT (about 1,000 steps each, and a few)
+    last = PROMPT + MAX_TOKENS - 1  # vLLM never feeds back the last token
+    finished = [rid for rid, rows in seen.items() if any(n == last for _, n, _ in rows)]
+    # a round's requests run together, or (seen on a loaded machine) one after another: 1,000 steps each
+    assert len(finished) >= PLANT // (MAX_TOKENS + 10) - 1, len(finished)
     for rid in finished:
         rows = seen[rid]
-        assert rows[0][1] == rows[0][2] and sum(q for _, _, q in rows) == PROMPT + MAX_TOKENS - 1, (rid, rows[:3])
+        assert rows[0][1] == rows[0][2] == PROMPT, (rid, rows[:3])  # the whole prompt in its first step, from 0
         assert all(b[1] == a[1] + b[2] for a, b in zip(rows, rows[1:])), rid  # each step adds its new tokens
-    code, out, err = cli(capsys, "lookup", "--from", str(bundle), "--request", "r3q1", "--token", "10", "--json")
-    assert code == 0 and json.loads(out)["token"] == 10 and json.loads(out)["request"].startswith("cmpl-r3q1-"), err
+        # vLLM's async scheduling (on by default: vllm/config/vllm.py) may schedule a finished request
+        # one step more before it sees its last token, whose output it then drops
+        assert rows[-1][1] - last in (0, 1), (rid, rows[-3:])
+    code, out, err = cli(capsys, "lookup", "--from", str(bundle), "--request", "r0q1", "--token", "10", "--json")
+    assert code == 0 and json.loads(out)["token"] == 10 and json.loads(out)["request"].startswith("cmpl-r0q1-"), err
 
     second = tmp_path / "ring.bundle.2"
     m2 = manifest(second)
