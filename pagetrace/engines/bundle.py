@@ -175,7 +175,8 @@ def step_for_request(manifest: "Manifest", step: int | None, request: str | None
         return step
     first = entries[0]
     if any(r == request or names_request(request, r) for r in first["requests"]) or (request.isdigit() and int(request) < len(first["requests"])):
-        return None
+        # None reads the first step file; a metadata ring's earlier step is named
+        return None if manifest.steps and first is manifest.steps[0] else first["step"]
     holding = steps_holding(manifest, request)
     if not holding:
         raise UsageError("--request", request, f"no step of the bundle holds it; step {first['step']} holds requests {', '.join(first['requests'])}")

@@ -181,7 +181,7 @@ def test_a_negative_table_entry_is_kept_apart_from_padding():
     assert steps[0]["block_table"].tolist() == [[9, -1]] and steps[1]["block_table"].tolist() == [[9, -7]]
 
 
-def ring_bundle(tmp_path, plant_at: int | None = None, steps: int = 300) -> tuple:
+def ring_bundle(tmp_path, plant_at: int | None = None, steps: int = 300, file_step: bool = False) -> tuple:
     """A bundle as the plugin writes it with PAGETRACE_PAGES=flagged: the ring's segments, no step file."""
     batch = Batch(rows=4, seed=3)
     manifest = {
@@ -201,6 +201,11 @@ def ring_bundle(tmp_path, plant_at: int | None = None, steps: int = 300) -> tupl
             step["block_table"][0, 0] = 5_000_000
         originals[n] = plain(step)
         ring.add(n, step["requests"], step["query_start_loc"], step["seq_lens"], step["block_table"], step["slot_mapping"], step["positions"])
+    if file_step:  # the last step also as a step file, as the guard writes the step it flags
+        counts = (step["seq_lens"].long() + BS - 1) // BS
+        blocks = torch.unique(torch.cat([step["block_table"][r, : int(c)].long() for r, c in enumerate(counts)]))
+        live.add(steps - 1, step["requests"], [], {**{k: step[k] for k in ("query_start_loc", "seq_lens", "block_table", "slot_mapping", "positions")},
+                                                   "block_counts": counts.to(torch.int32), "blocks": blocks})
     info, data, dropped = ring.flush()
     live.add_ring(info["file"], data, ring.index(info), dropped)
     return live.path, originals
@@ -247,6 +252,21 @@ def test_replay_refuses_a_ring_step_and_lookup_reads_it(tmp_path, capsys):
     assert main(["lookup", "--from", str(path), "--step", "100", "--request", request, "--token", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["step"] == 100 and doc["block_table"] == originals[100]["table"][1]
+
+
+def test_a_request_of_the_rings_first_step_is_read_there_not_in_the_flagged_step_file(tmp_path, capsys):
+    """The bundle of a flagged step: its step file is the manifest's first (and only) step, the
+    ring's steps come before it. A request the ring's first step holds is read there."""
+    from pagetrace.cli import run_cli as main
+
+    path, originals = ring_bundle(tmp_path, file_step=True)
+    assert [e["step"] for e in read_manifest(path).steps] == [299]
+    request = originals[0]["requests"][0]
+    assert request not in originals[299]["requests"]
+    assert main(["lookup", "--from", str(path), "--request", request, "--token", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 0
+    assert main(["check", str(path), "--json"]) == 0  # without --ring: the step file only
+    assert [s["step"] for s in json.loads(capsys.readouterr().out)["steps"]] == [299]
 
 
 def test_a_damaged_segment_is_named_not_a_traceback(tmp_path, capsys):
